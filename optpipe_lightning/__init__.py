@@ -1,0 +1,1 @@
+"""optpipe-lightning: memory-aware pipeline-parallel training."""

@@ -1,0 +1,85 @@
+"""Baseline schedule generators: every fixed-rule schedule the solver is compared against.
+
+Each generator takes a ``Problem`` and returns an ordinary ``Schedule`` (evaluated by the one
+simulator, problem embedded), or raises ``NotApplicable`` saying why it does not apply (wrong chunk
+count or placement, memory limit too small for its rule).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..problem import Problem
+from ..schedule import Action, Schedule
+from ..simulator import evaluate
+
+
+class NotApplicable(ValueError):
+    """This generator does not apply to this problem; the message says why."""
+
+
+# name -> "module:function" (modules are imported on first use)
+_REGISTRY: dict[str, str] = {
+    "gpipe": "gpipe:gpipe",
+    "1f1b": "one_f_one_b:one_f_one_b",
+    "interleaved-1f1b": "one_f_one_b:interleaved_1f1b",
+    "zb-h1": "zero_bubble:zb_h1",
+    "zb-h2": "zero_bubble:zb_h2",
+    "zb-auto": "zb_auto:zb_auto",
+    "zbv": "vshape:zbv",
+    "v-half": "vshape:v_half",
+    "v-min": "vshape:v_min",
+    "pipeoffload": "pipeoffload:pipeoffload",
+    "adaoffload": "adaoffload:adaoffload",
+}
+BASELINE_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_generator(name: str) -> Callable[[Problem], Schedule]:
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown schedule {name!r}; one of {', '.join(BASELINE_NAMES)}"
+        ) from None
+    module, func = target.split(":")
+    fn: Callable[[Problem], Schedule] = getattr(
+        importlib.import_module(f"{__name__}.{module}"), func
+    )
+    return fn
+
+
+def generate(name: str, problem: Problem) -> Schedule:
+    """The named baseline's schedule for the problem (raises ``NotApplicable``)."""
+    return get_generator(name)(problem)
+
+
+def generate_all(problem: Problem) -> dict[str, Schedule | NotApplicable]:
+    """Every baseline: its schedule, or the reason it does not apply."""
+    out: dict[str, Schedule | NotApplicable] = {}
+    for name in BASELINE_NAMES:
+        try:
+            out[name] = generate(name, problem)
+        except NotApplicable as e:
+            out[name] = e
+    return out
+
+
+def make_schedule(
+    problem: Problem,
+    generator: str,
+    actions: Sequence[Sequence[Action]],
+    params: dict[str, Any] | None = None,
+) -> Schedule:
+    """Wrap per-stage action lists as an evaluated, self-contained schedule."""
+    rows = [list(r) for r in actions]
+    return Schedule(
+        problem_hash=problem.hash,
+        generator=generator,
+        params=params or {},
+        actions=rows,
+        evaluation=evaluate(problem, rows),
+        problem=problem,
+    )

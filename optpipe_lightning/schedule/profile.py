@@ -1,0 +1,139 @@
+"""Measured profiles and the fingerprints they are stored under (JSON formats, pydantic).
+
+A ``Profile`` is what the strategy's profiler measures on this hardware for this model: per
+(stage, chunk) op times with their spread, activation bytes, copy bandwidths and p2p time.
+``Profile.to_problem`` turns it into a ``Problem`` for the solver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .problem import OffloadSpec, Problem
+
+PROFILE_FORMAT = "optpipe.profile/1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _digest(model: BaseModel) -> str:
+    text = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class HardwareFingerprint(_Strict):
+    """What makes measured times on one machine comparable to another's."""
+
+    device_kind: str = Field(description="e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'")
+    device_count: int = Field(ge=1)
+    device_memory: int = Field(ge=0, description="bytes per device (0 for CPU)")
+    interconnect: str = Field(default="unknown", description="e.g. 'nvlink', 'pcie', 'gloo-tcp'")
+    driver: str = ""
+    torch_version: str = ""
+    hostname: str | None = Field(default=None, description="informative; not part of the key")
+
+    @property
+    def key(self) -> str:
+        return _digest(self.model_copy(update={"hostname": None}))
+
+
+class ModelFingerprint(_Strict):
+    """What makes two models cost the same per stage."""
+
+    name: str = ""
+    layer_structure: list[str] = Field(description="class name of each pipelined layer, in order")
+    parameter_shapes: list[list[int]] = Field(default_factory=list)
+    dtype: str = "float32"
+    microbatch_size: int = Field(ge=1)
+    sequence_length: int | None = None
+    num_stages: int = Field(ge=1)
+    num_chunks: int = Field(default=1, ge=1)
+    partition: list[int] = Field(
+        default_factory=list, description="number of layers in each layer group"
+    )
+
+    @property
+    def key(self) -> str:
+        return _digest(self.model_copy(update={"name": ""}))
+
+
+class OpStats(_Strict):
+    """Measured seconds of one op kind on one (stage, chunk): mean, spread and sample count."""
+
+    mean: float = Field(gt=0)
+    std: float = Field(default=0.0, ge=0)
+    min: float | None = None
+    max: float | None = None
+    samples: int = Field(default=1, ge=1)
+
+
+class StageProfile(_Strict):
+    stage: int = Field(ge=0)
+    chunk: int = Field(default=0, ge=0)
+    f: OpStats
+    b: OpStats
+    w: OpStats
+    activation_bytes: float = Field(ge=0, description="bytes an F leaves for its B and W")
+    weight_grad_bytes: float = Field(
+        default=0.0, ge=0, description="part of activation_bytes that only W frees"
+    )
+    offloadable_bytes: float | None = Field(
+        default=None, ge=0, description="bytes an offload moves (default: activation_bytes)"
+    )
+
+
+class Profile(_Strict):
+    format: Literal["optpipe.profile/1"] = PROFILE_FORMAT
+    hardware: HardwareFingerprint
+    model: ModelFingerprint
+    num_microbatches: int = Field(ge=1)
+    placement: Literal["interleaved", "vshape"] = "interleaved"
+    stages: list[StageProfile]
+    p2p_seconds: float = Field(default=0.0, ge=0)
+    d2h_bandwidth: float | None = Field(default=None, gt=0)
+    h2d_bandwidth: float | None = Field(default=None, gt=0)
+    channel_groups: list[list[int]] = Field(default_factory=list)
+    measured_at: str | None = Field(default=None, description="ISO-8601 time of measurement")
+
+    def to_problem(self, memory_limit: float | list[float] | None = None) -> Problem:
+        """The problem these measurements define (offload allowed when bandwidths are known)."""
+        p, v = self.model.num_stages, self.model.num_chunks
+        grid: dict[tuple[int, int], StageProfile] = {(sp.stage, sp.chunk): sp for sp in self.stages}
+        missing = [(s, c) for s in range(p) for c in range(v) if (s, c) not in grid]
+        if missing:
+            raise ValueError(f"profile has no measurements for (stage, chunk) {missing[:4]}")
+
+        def field(fn):  # type: ignore[no-untyped-def]
+            return [[float(fn(grid[s, c])) for c in range(v)] for s in range(p)]
+
+        offload = None
+        if self.d2h_bandwidth and self.h2d_bandwidth:
+            offload = OffloadSpec(
+                bytes=field(lambda x: x.offloadable_bytes
+                            if x.offloadable_bytes is not None else x.activation_bytes),
+                d2h_bandwidth=self.d2h_bandwidth,
+                h2d_bandwidth=self.h2d_bandwidth,
+                channel_groups=self.channel_groups,
+            )
+        return Problem(
+            num_stages=p,
+            num_microbatches=self.num_microbatches,
+            num_chunks=v,
+            placement=self.placement,
+            t_f=field(lambda x: x.f.mean),
+            t_b=field(lambda x: x.b.mean),
+            t_w=field(lambda x: x.w.mean),
+            t_comm=self.p2p_seconds,
+            m_f=field(lambda x: x.activation_bytes),
+            m_b=field(lambda x: -(x.activation_bytes - x.weight_grad_bytes)),
+            m_w=field(lambda x: -x.weight_grad_bytes),
+            memory_limit=memory_limit,
+            offload=offload,
+            name=self.model.name or None,
+        )

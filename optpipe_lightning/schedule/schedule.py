@@ -1,0 +1,141 @@
+"""The schedule format (``optpipe.schedule/1``): per-stage ordered actions plus their evaluation.
+
+Semantics of an action list (what the simulator times and the executor runs):
+
+- A stage runs its compute actions (``F``, ``B``, ``W``, ``BW``) one at a time in list order, each
+  as soon as its dependencies allow.
+- ``OFFLOAD`` and ``RELOAD`` run on the stage's copy channel (shared by the stages of one channel
+  group), one at a time. A transfer is *issued* when the compute action listed before it ends (at
+  time 0 if none), so its position in the list says how early it may start: an offload listed
+  right after its ``F`` starts when the ``F`` ends; a reload listed two actions before its ``B``
+  overlaps the action in between.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+from .problem import Problem
+
+SCHEDULE_FORMAT = "optpipe.schedule/1"
+
+OpKind = Literal["F", "B", "W", "BW", "OFFLOAD", "RELOAD"]
+COMPUTE_KINDS = frozenset({"F", "B", "W", "BW"})
+TRANSFER_KINDS = frozenset({"OFFLOAD", "RELOAD"})
+ALL_KINDS = COMPUTE_KINDS | TRANSFER_KINDS
+
+
+class Action(NamedTuple):
+    """One op of one (stage, microbatch, chunk); the stage is the list it sits in."""
+
+    op: str
+    mb: int
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.op}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_KINDS
+
+
+def _parse_action(value: Any) -> Action:
+    if isinstance(value, Action):
+        return value
+    if isinstance(value, dict):
+        extra = set(value) - {"op", "mb", "chunk"}
+        if extra:
+            raise ValueError(f"unknown action field(s) {sorted(extra)}; allowed: op, mb, chunk")
+        if "op" not in value or "mb" not in value:
+            raise ValueError("an action needs 'op' and 'mb'")
+        op, mb, chunk = value["op"], value["mb"], value.get("chunk", 0)
+    elif isinstance(value, list | tuple) and len(value) in (2, 3):
+        op, mb, chunk = value[0], value[1], value[2] if len(value) == 3 else 0
+    else:
+        raise ValueError("an action is {'op': ..., 'mb': ..., 'chunk': ...}")
+    if op not in ALL_KINDS:
+        raise ValueError(f"unknown op {op!r}; one of {', '.join(sorted(ALL_KINDS))}")
+    if not isinstance(mb, int) or isinstance(mb, bool) or mb < 0:
+        raise ValueError(f"action mb must be an integer >= 0, got {mb!r}")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+        raise ValueError(f"action chunk must be an integer >= 0, got {chunk!r}")
+    return Action(op, mb, chunk)
+
+
+def _dump_action(a: Action) -> dict[str, Any]:
+    return {"op": a.op, "mb": a.mb, "chunk": a.chunk}
+
+
+ActionField = Annotated[
+    Action, BeforeValidator(_parse_action), PlainSerializer(_dump_action, return_type=dict)
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Violation(_Strict):
+    """One reason a schedule cannot run as given."""
+
+    kind: Literal[
+        "missing-op",
+        "duplicate-op",
+        "unknown-op",
+        "deadlock",
+        "memory",
+        "reload-after-use",
+        "offload-not-there",
+        "offload-unpaired",
+        "offload-not-allowed",
+    ]
+    message: str
+    stage: int | None = None
+    time: float | None = None
+
+
+class Evaluation(_Strict):
+    """What the simulator says of a schedule on its problem."""
+
+    feasible: bool
+    makespan: float | None = Field(description="seconds; None when the schedule cannot be timed")
+    bubble_rate: float | None = None
+    stage_span_bubble_rate: float | None = None
+    peak_memory: list[float] = Field(default_factory=list)
+    memory_limit: list[float | None] = Field(default_factory=list)
+    num_offloaded: int = 0
+    violations: list[Violation] = Field(default_factory=list)
+
+
+class Schedule(_Strict):
+    """A schedule for one problem (by hash): who runs what, in which order."""
+
+    format: Literal["optpipe.schedule/1"] = SCHEDULE_FORMAT
+    problem_hash: str
+    generator: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    actions: list[list[ActionField]]
+    evaluation: Evaluation | None = None
+    problem: Problem | None = Field(
+        default=None, description="the problem itself, so the file is self-contained (optional)"
+    )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.actions)
+
+    def num_offloaded(self) -> int:
+        return sum(1 for row in self.actions for a in row if a.op == "OFFLOAD")
+
+    def with_evaluation(self, evaluation: Evaluation) -> Schedule:
+        return self.model_copy(update={"evaluation": evaluation})
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Schedule:
+        return cls.model_validate_json(text)
