@@ -73,12 +73,25 @@ def test_memory_over_limit_is_reported_with_time() -> None:
 
 def test_offload_frees_and_reload_allocates() -> None:
     pb = Problem(
-        num_stages=1, num_microbatches=2, t_f=1, t_b=1, t_w=1, memory_limit=1.0,
+        num_stages=1,
+        num_microbatches=2,
+        t_f=1,
+        t_b=1,
+        t_w=1,
+        memory_limit=1.0,
         offload={"bytes": 1.0, "d2h_bandwidth": 2.0, "h2d_bandwidth": 2.0},
     )
     # F0 F1 would hold 2; offload mb 0 first: it ends at t=1.5, F1 ends at 2.
-    rows = [[Action("F", 0), Action("OFFLOAD", 0), Action("F", 1), Action("BW", 1),
-             Action("RELOAD", 0), Action("BW", 0)]]
+    rows = [
+        [
+            Action("F", 0),
+            Action("OFFLOAD", 0),
+            Action("F", 1),
+            Action("BW", 1),
+            Action("RELOAD", 0),
+            Action("BW", 0),
+        ]
+    ]
     r = simulate(pb, rows)
     assert r.evaluation.feasible, r.evaluation.violations
     assert r.evaluation.num_offloaded == 1
@@ -89,7 +102,11 @@ def test_offload_frees_and_reload_allocates() -> None:
 
 def test_reload_after_its_backward_is_caught() -> None:
     pb = Problem(
-        num_stages=1, num_microbatches=1, t_f=1, t_b=1, t_w=1,
+        num_stages=1,
+        num_microbatches=1,
+        t_f=1,
+        t_b=1,
+        t_w=1,
         offload={"bytes": 1.0, "d2h_bandwidth": 1.0, "h2d_bandwidth": 1.0},
     )
     rows = [[Action("F", 0), Action("OFFLOAD", 0), Action("BW", 0), Action("RELOAD", 0)]]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROBLEM_FORMAT = "optpipe.problem/1"
+PROBLEM_FORMAT: Final = "optpipe.problem/1"
 
 PerStage = float | list[float] | list[list[float]]
 
@@ -28,12 +28,14 @@ def expand_per_stage(value: PerStage, num_stages: int, num_chunks: int, name: st
     """Expand a per-stage field to a ``[stage][chunk]`` float array, naming the field on error."""
     if isinstance(value, int | float):
         return np.full((num_stages, num_chunks), float(value))
+    assert isinstance(value, list)
     if len(value) != num_stages:
         raise ValueError(
             f"{name} has {len(value)} entries, expected num_stages={num_stages} "
             "(or give one number for all stages)"
         )
     rows = []
+    row: Any
     for s, row in enumerate(value):
         if isinstance(row, int | float):
             rows.append([float(row)] * num_chunks)

@@ -8,14 +8,15 @@ A ``Profile`` is what the strategy's profiler measures on this hardware for this
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 import json
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .problem import OffloadSpec, Problem
 
-PROFILE_FORMAT = "optpipe.profile/1"
+PROFILE_FORMAT: Final = "optpipe.profile/1"
 
 
 class _Strict(BaseModel):
@@ -109,14 +110,19 @@ class Profile(_Strict):
         if missing:
             raise ValueError(f"profile has no measurements for (stage, chunk) {missing[:4]}")
 
-        def field(fn):  # type: ignore[no-untyped-def]
+        def field(fn: Callable[[StageProfile], float]) -> list[list[float]]:
             return [[float(fn(grid[s, c])) for c in range(v)] for s in range(p)]
 
         offload = None
         if self.d2h_bandwidth and self.h2d_bandwidth:
             offload = OffloadSpec(
-                bytes=field(lambda x: x.offloadable_bytes
-                            if x.offloadable_bytes is not None else x.activation_bytes),
+                bytes=field(
+                    lambda x: (
+                        x.offloadable_bytes
+                        if x.offloadable_bytes is not None
+                        else x.activation_bytes
+                    )
+                ),
                 d2h_bandwidth=self.d2h_bandwidth,
                 h2d_bandwidth=self.h2d_bandwidth,
                 channel_groups=self.channel_groups,

@@ -13,13 +13,13 @@ Semantics of an action list (what the simulator times and the executor runs):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Final, Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 from .problem import Problem
 
-SCHEDULE_FORMAT = "optpipe.schedule/1"
+SCHEDULE_FORMAT: Final = "optpipe.schedule/1"
 
 OpKind = Literal["F", "B", "W", "BW", "OFFLOAD", "RELOAD"]
 COMPUTE_KINDS = frozenset({"F", "B", "W", "BW"})

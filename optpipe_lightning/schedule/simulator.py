@@ -19,9 +19,11 @@ memory above the limit at any instant is reported with every violation by name.
 
 from __future__ import annotations
 
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -107,7 +109,13 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
         actions: Sequence[Sequence[Action]] = schedule.actions
     else:
         actions = schedule
-    return _Simulator(problem, actions).run()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the simulator allocates many small objects and frees none until it returns
+    try:
+        return _Simulator(problem, actions).run()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 class ScheduleMismatchError(ValueError):
@@ -115,6 +123,8 @@ class ScheduleMismatchError(ValueError):
 
 
 class _Simulator:
+    """One run of the simulator over flat integer op ids (all stages' actions concatenated)."""
+
     def __init__(self, problem: Problem, actions: Sequence[Sequence[Action]]) -> None:
         self.pb = problem
         self.actions = [list(row) for row in actions]
@@ -122,8 +132,8 @@ class _Simulator:
 
     # ---- structure ---------------------------------------------------------------------------
 
-    def _index(self) -> bool:
-        """Give every action an op id; check presence, uniqueness and pairing. False if broken."""
+    def _encode(self) -> bool:
+        """Flat arrays of every action and the op-key table; False if the structure is broken."""
         pb = self.pb
         p, m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
         viol = self.violations
@@ -135,127 +145,163 @@ class _Simulator:
                 )
             )
             return False
-        # key = ((stage * v + chunk) * m + mb) * 6 + kind
-        self.pos: dict[int, tuple[int, int]] = {}
+        lengths = [len(r) for r in self.actions]
+        self.offset = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        n = int(self.offset[-1])
+        self.n = n
+        code = np.empty(n, dtype=np.int64)
+        mb = np.empty(n, dtype=np.int64)
+        ch = np.empty(n, dtype=np.int64)
         for s, row in enumerate(self.actions):
-            for i, a in enumerate(row):
-                code = _KIND_CODE.get(a.op)
-                if code is None or not (0 <= a.mb < m) or not (0 <= a.chunk < v):
-                    viol.append(
-                        Violation(
-                            kind="unknown-op",
-                            stage=s,
-                            message=f"stage {s} action {i} {a}: no such op "
-                            f"(microbatches 0..{m - 1}, chunks 0..{v - 1})",
-                        )
-                    )
-                    continue
-                key = ((s * v + a.chunk) * m + a.mb) * 6 + code
-                if key in self.pos:
-                    viol.append(
-                        Violation(
-                            kind="duplicate-op", stage=s, message=f"stage {s} runs {a} twice"
-                        )
-                    )
-                    continue
-                self.pos[key] = (s, i)
-        pos = self.pos
-        for s in range(p):
-            for c in range(v):
-                for mb in range(m):
-                    base = ((s * v + c) * m + mb) * 6
-                    has = [base + k in pos for k in range(6)]
-                    name = f"(mb {mb}" + (f", chunk {c})" if v > 1 else ")")
-                    if not has[0]:
-                        viol.append(
-                            Violation(kind="missing-op", stage=s, message=f"stage {s} has no F {name}")
-                        )
-                    if has[3] and (has[1] or has[2]):
-                        viol.append(
-                            Violation(
-                                kind="duplicate-op",
-                                stage=s,
-                                message=f"stage {s} has BW and also B or W {name}",
-                            )
-                        )
-                    elif not has[3] and not (has[1] and has[2]):
-                        missing = "B and W (or BW)" if not (has[1] or has[2]) else (
-                            "W" if has[1] else "B"
-                        )
-                        viol.append(
-                            Violation(
-                                kind="missing-op",
-                                stage=s,
-                                message=f"stage {s} has no {missing} {name}",
-                            )
-                        )
-                    if has[4] or has[5]:
-                        if pb.offload is None:
-                            viol.append(
-                                Violation(
-                                    kind="offload-not-allowed",
-                                    stage=s,
-                                    message=f"stage {s} moves {name} but the problem has "
-                                    "offload: null",
-                                )
-                            )
-                        elif has[4] != has[5]:
-                            viol.append(
-                                Violation(
-                                    kind="offload-unpaired",
-                                    stage=s,
-                                    message=f"stage {s} has "
-                                    + ("OFFLOAD without RELOAD " if has[4] else "RELOAD without OFFLOAD ")
-                                    + name,
-                                )
-                            )
-                        else:
-                            i_f = pos.get(base)
-                            i_o = pos[base + 4]
-                            i_r = pos[base + 5]
-                            back = pos.get(base + 1) or pos.get(base + 3)
-                            if i_f is not None and i_o[1] < i_f[1]:
-                                viol.append(
-                                    Violation(
-                                        kind="offload-not-there",
-                                        stage=s,
-                                        message=f"stage {s} offloads {name} before its F",
-                                    )
-                                )
-                            if i_r[1] < i_o[1]:
-                                viol.append(
-                                    Violation(
-                                        kind="offload-not-there",
-                                        stage=s,
-                                        message=f"stage {s} reloads {name} before offloading it",
-                                    )
-                                )
-                            if back is not None and i_r[1] > back[1]:
-                                viol.append(
-                                    Violation(
-                                        kind="reload-after-use",
-                                        stage=s,
-                                        message=f"stage {s} reloads {name} after its backward",
-                                    )
-                                )
+            if not row:
+                continue
+            lo, hi = int(self.offset[s]), int(self.offset[s + 1])
+            ops, mbs, chunks = zip(*row, strict=True)
+            code[lo:hi] = np.fromiter(
+                map(_KIND_CODE.get, ops, itertools.repeat(-1)), dtype=np.int64, count=hi - lo
+            )
+            mb[lo:hi] = np.fromiter(mbs, dtype=np.int64, count=hi - lo)
+            ch[lo:hi] = np.fromiter(chunks, dtype=np.int64, count=hi - lo)
+        stage = np.repeat(np.arange(p, dtype=np.int64), lengths)
+        self.code, self.mb, self.ch, self.stage = code, mb, ch, stage
+        ids = np.arange(n, dtype=np.int64)
+        ok = (code >= 0) & (mb >= 0) & (mb < m) & (ch >= 0) & (ch < v)
+        for i in np.flatnonzero(~ok):
+            s = int(stage[i])
+            a = self.actions[s][i - int(self.offset[s])]
+            viol.append(
+                Violation(
+                    kind="unknown-op",
+                    stage=s,
+                    message=f"stage {s} action {i - int(self.offset[s])} {a}: no such op "
+                    f"(microbatches 0..{m - 1}, chunks 0..{v - 1})",
+                )
+            )
+        keys = ((stage * v + ch) * m + mb) * 6 + code
+        pos = np.full(p * v * m * 6, -1, dtype=np.int64)
+        pos[keys[ok]] = ids[ok]
+        dup = ok & (pos[np.where(ok, keys, 0)] != ids)
+        for i in np.flatnonzero(dup):
+            s = int(stage[i])
+            a = self.actions[s][i - int(self.offset[s])]
+            viol.append(
+                Violation(kind="duplicate-op", stage=s, message=f"stage {s} runs {a} twice")
+            )
+        P = pos.reshape(p, v, m, 6)
+        self.P = P
+        has = P >= 0
+        hf, hb, hw, hbw, ho, hr = (has[..., k] for k in range(6))
+
+        def report(mask: np.ndarray, kind: str, text: str) -> None:
+            for s, c, j in np.argwhere(mask):
+                name = f"(mb {j}" + (f", chunk {c})" if v > 1 else ")")
+                viol.append(
+                    Violation(kind=kind, stage=int(s), message=text.format(s=s, name=name))
+                )
+
+        report(~hf, "missing-op", "stage {s} has no F {name}")
+        report(hbw & (hb | hw), "duplicate-op", "stage {s} has BW and also B or W {name}")
+        report(~hbw & ~hb & ~hw, "missing-op", "stage {s} has no B and W (or BW) {name}")
+        report(~hbw & hb & ~hw, "missing-op", "stage {s} has no W {name}")
+        report(~hbw & ~hb & hw, "missing-op", "stage {s} has no B {name}")
+        moved = ho | hr
+        if pb.offload is None:
+            report(
+                moved,
+                "offload-not-allowed",
+                "stage {s} moves {name} but the problem has offload: null",
+            )
+        else:
+            report(ho & ~hr, "offload-unpaired", "stage {s} has OFFLOAD without RELOAD {name}")
+            report(hr & ~ho, "offload-unpaired", "stage {s} has RELOAD without OFFLOAD {name}")
+            pair = ho & hr
+            pf, po, pr = P[..., 0], P[..., 4], P[..., 5]
+            pback = np.where(hb, P[..., 1], P[..., 3])
+            report(
+                pair & hf & (po < pf), "offload-not-there", "stage {s} offloads {name} before its F"
+            )
+            report(
+                pair & (pr < po),
+                "offload-not-there",
+                "stage {s} reloads {name} before offloading it",
+            )
+            report(
+                pair & (pback >= 0) & (pr > pback),
+                "reload-after-use",
+                "stage {s} reloads {name} after its backward",
+            )
         return not viol
 
-    # ---- timing ------------------------------------------------------------------------------
+    def _dependencies(self) -> None:
+        """Up to three (dependency, lag) pairs per op; the sentinel op ``n`` has always ended."""
+        pb = self.pb
+        p, _m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
+        n, P = self.n, self.P
+        code, mb, ch, stage = self.code, self.mb, self.ch, self.stage
+        G = p * v
+        grp = np.array([[pb.group_of(s, c) for c in range(v)] for s in range(p)], dtype=np.int64)
+        table = np.array(pb.group_table, dtype=np.int64)  # [g] -> (stage, chunk)
+        t_comm = pb.cost("t_comm")
+        g = grp[stage, ch]
+        d = np.full((3, n), n, dtype=np.int64)
+        lag = np.zeros((3, n))
+        # F: previous group's F
+        isF = (code == 0) & (g > 0)
+        gp = np.where(isF, g - 1, 0)
+        ps, pc = table[gp, 0], table[gp, 1]
+        d[0] = np.where(isF, P[ps, pc, mb, 0], d[0])
+        lag[0] = np.where(isF & (ps != stage), t_comm[ps, pc], 0.0)
+        # B / BW: own F, next group's B (or BW), own RELOAD
+        isB = (code == 1) | (code == 3)
+        d[0] = np.where(isB, P[stage, ch, mb, 0], d[0])
+        nxt = isB & (g < G - 1)
+        gn = np.where(nxt, g + 1, 0)
+        ns, nc = table[gn, 0], table[gn, 1]
+        nb = P[ns, nc, mb, 1]
+        nb = np.where(nb >= 0, nb, P[ns, nc, mb, 3])
+        d[1] = np.where(nxt, nb, d[1])
+        lag[1] = np.where(nxt & (ns != stage), t_comm[ns, nc], 0.0)
+        rl = P[stage, ch, mb, 5]
+        d[2] = np.where(isB & (rl >= 0), rl, d[2])
+        # W: own B
+        isW = code == 2
+        d[0] = np.where(isW, P[stage, ch, mb, 1], d[0])
+        # transfers: own F (offload) or own OFFLOAD (reload), and the issue point
+        isO, isR = code == 4, code == 5
+        d[0] = np.where(isO, P[stage, ch, mb, 0], d[0])
+        d[0] = np.where(isR, P[stage, ch, mb, 4], d[0])
+        is_c = code <= 3
+        last = np.maximum.accumulate(np.where(is_c, np.arange(n), -1)) if n else np.zeros(0, int)
+        own = last >= self.offset[stage]
+        issue = np.where(own, last, n)
+        d[1] = np.where(isO | isR, issue, d[1])
+        self.dep, self.lag = d, lag
+        # durations
+        pbk = pb.cost("offload_bytes")
+        d2h = pb.offload.d2h_bandwidth if pb.offload else 1.0
+        h2d = pb.offload.h2d_bandwidth if pb.offload else 1.0
+        tf, tb, tw = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w")
+        D = np.stack([tf, tb, tw, tb + tw, pbk / d2h, pbk / h2d])
+        self.dur = D[code, stage, ch]
+        self.is_compute = is_c
 
     def run(self) -> SimResult:
         pb = self.pb
         p = pb.num_stages
         limits = pb.memory_limits()
-        if not self._index():
+        ok = self._encode()
+        num_off = int((self.code == 4).sum()) if hasattr(self, "code") else 0
+        if not ok:
             return SimResult(
                 Evaluation(
                     feasible=False,
                     makespan=None,
                     memory_limit=limits,
-                    num_offloaded=sum(1 for r in self.actions for a in r if a.op == "OFFLOAD"),
+                    num_offloaded=num_off,
                     violations=self.violations,
                 )
             )
+        self._dependencies()
         timed = self._time()
         if timed is None:
             return SimResult(
@@ -263,33 +309,30 @@ class _Simulator:
                     feasible=False,
                     makespan=None,
                     memory_limit=limits,
-                    num_offloaded=sum(1 for r in self.actions for a in r if a.op == "OFFLOAD"),
+                    num_offloaded=num_off,
                     violations=self.violations,
                 )
             )
-        starts, ends = timed
+        start, end = timed
+        off = self.offset
+        starts = [start[off[s] : off[s + 1]] for s in range(p)]
+        ends = [end[off[s] : off[s + 1]] for s in range(p)]
         timeline = Timeline(self.actions, starts, ends)
-        # metrics
-        t0 = min((float(st.min()) for st in starts if st.size), default=0.0)
-        t1 = max((float(en.max()) for en in ends if en.size), default=0.0)
-        makespan = t1 - t0
-        work = np.zeros(p)
-        spans = np.zeros(p)
-        for s in range(p):
-            row = self.actions[s]
-            is_c = np.fromiter((a.op in COMPUTE_KINDS for a in row), dtype=bool, count=len(row))
-            if not is_c.any():
-                continue
-            st, en = starts[s][is_c], ends[s][is_c]
-            work[s] = float((en - st).sum())
-            is_f = np.fromiter((a.op == "F" for a in row), dtype=bool, count=len(row))
-            first_f = float(starts[s][is_f].min()) if is_f.any() else float(st.min())
-            spans[s] = float(en.max()) - first_f
+        n = self.n
+        makespan = float(end.max() - start.min()) if n else 0.0
+        is_c = self.is_compute
+        work = np.bincount(self.stage[is_c], weights=(end - start)[is_c], minlength=p)
+        big = np.inf
+        first_f = np.full(p, big)
+        np.minimum.at(first_f, self.stage[self.code == 0], start[self.code == 0])
+        last_end = np.full(p, -big)
+        np.maximum.at(last_end, self.stage[is_c], end[is_c])
+        spans = np.where(np.isfinite(first_f), last_end - first_f, 0.0)
         bubble = 1.0 - float(work.sum()) / (p * makespan) if makespan > 0 else 0.0
         s_max = int(np.argmax(spans))
         span = float(spans[s_max])
         span_rate = (span - float(work[s_max])) / span if span > 0 else 0.0
-        curves = self._memory(starts, ends)
+        curves = self._memory(start, end)
         peaks = [c.peak for c in curves]
         for s, (curve, lim) in enumerate(zip(curves, limits, strict=True)):
             if lim is None:
@@ -314,276 +357,196 @@ class _Simulator:
             stage_span_bubble_rate=span_rate,
             peak_memory=peaks,
             memory_limit=limits,
-            num_offloaded=sum(1 for r in self.actions for a in r if a.op == "OFFLOAD"),
+            num_offloaded=num_off,
             violations=self.violations,
         )
         return SimResult(ev, timeline, curves)
 
-    def _time(self) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-        """ASAP times of every action; None (with a deadlock violation) if the order is stuck."""
+    def _time(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """ASAP start and end of every op; None (with a deadlock violation) if stuck."""
         pb = self.pb
-        p, m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
-        G = p * v
-        t_f, t_b, t_w = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w")
-        t_comm = pb.cost("t_comm")
-        table = pb.group_table
-        grp = [[pb.group_of(s, c) for c in range(v)] for s in range(p)]
-        pos = self.pos
-        acts = self.actions
-        n_total = sum(len(r) for r in acts)
-        # Flat op ids: stage offset + index in row.
-        offset = [0] * (p + 1)
-        for s in range(p):
-            offset[s + 1] = offset[s] + len(acts[s])
-        end = [-1.0] * n_total
-        start = [0.0] * n_total
-        dur = [0.0] * n_total
-        # deps[i] = list of (op id, lag)
-        deps: list[tuple[tuple[int, float], ...]] = [()] * n_total
-        issue_of = [-1] * n_total  # transfers: op id of the compute action listed before
-        is_transfer = [False] * n_total
-        channel = pb.channel_of()
-        stage_of_op = [s for s in range(p) for _ in range(len(acts[s]))]
-
-        def oid(key: int) -> int:
-            s, i = pos[key]
-            return offset[s] + i
-
-        for s in range(p):
-            last_compute = -1
-            for i, a in enumerate(acts[s]):
-                me = offset[s] + i
-                c, mb = a.chunk, a.mb
-                base = ((s * v + c) * m + mb) * 6
-                g = grp[s][c]
-                op = a.op
-                if op == "F":
-                    dur[me] = float(t_f[s, c])
-                    if g > 0:
-                        ps, pc = table[g - 1]
-                        lag = float(t_comm[ps, pc]) if ps != s else 0.0
-                        deps[me] = ((oid(((ps * v + pc) * m + mb) * 6), lag),)
-                elif op in ("B", "BW"):
-                    dur[me] = float(t_b[s, c]) + (float(t_w[s, c]) if op == "BW" else 0.0)
-                    d: list[tuple[int, float]] = [(oid(base), 0.0)]
-                    if g < G - 1:
-                        ns, nc = table[g + 1]
-                        nbase = ((ns * v + nc) * m + mb) * 6
-                        nk = nbase + 1 if nbase + 1 in pos else nbase + 3
-                        lag = float(t_comm[ns, nc]) if ns != s else 0.0
-                        d.append((oid(nk), lag))
-                    if base + 5 in pos:
-                        d.append((oid(base + 5), 0.0))
-                    deps[me] = tuple(d)
-                elif op == "W":
-                    dur[me] = float(t_w[s, c])
-                    deps[me] = ((oid(base + 1), 0.0),)
-                elif op == "OFFLOAD":
-                    dur[me] = pb.offload_time(s, c)
-                    deps[me] = ((oid(base), 0.0),)
-                    is_transfer[me] = True
-                    issue_of[me] = last_compute
-                else:  # RELOAD
-                    dur[me] = pb.reload_time(s, c)
-                    deps[me] = ((oid(base + 4), 0.0),)
-                    is_transfer[me] = True
-                    issue_of[me] = last_compute
-                if op in COMPUTE_KINDS:
-                    last_compute = me
-
-        # Per stage: queue of compute ops and of transfer ops, in list order.
-        comp_q = [
-            [offset[s] + i for i, a in enumerate(acts[s]) if a.op in COMPUTE_KINDS] for s in range(p)
-        ]
-        xfer_q = [
-            [offset[s] + i for i, a in enumerate(acts[s]) if a.op not in COMPUTE_KINDS]
-            for s in range(p)
+        p, n = pb.num_stages, self.n
+        d0, d1, d2 = (x.tolist() for x in self.dep)
+        l0, l1, l2 = (x.tolist() for x in self.lag)
+        dur = self.dur.tolist()
+        stage_of = self.stage.tolist()
+        is_c = self.is_compute
+        off = self.offset.tolist()
+        end = [-1.0] * (n + 1)
+        end[n] = 0.0  # sentinel: "no dependency"
+        start = [0.0] * n
+        comp_q = [np.flatnonzero(is_c[off[s] : off[s + 1]]) + off[s] for s in range(p)]
+        xfer_q = [(np.flatnonzero(~is_c[off[s] : off[s + 1]]) + off[s]).tolist() for s in range(p)]
+        comp_ql = [q.tolist() for q in comp_q]
+        comp_rows = [
+            list(
+                zip(
+                    q.tolist(),
+                    *(x[q].tolist() for x in (*self.dep, *self.lag, self.dur)),
+                    strict=False,
+                )
+            )
+            for q in comp_q
         ]
         comp_ptr = [0] * p
         xfer_ptr = [0] * p
         dev_free = [0.0] * p
+        channel = pb.channel_of()
         chan_members: dict[int, list[int]] = {}
         for s in range(p):
-            chan_members.setdefault(channel[s], []).append(s)
+            if xfer_q[s]:
+                chan_members.setdefault(channel[s], []).append(s)
         chan_free = dict.fromkeys(chan_members, 0.0)
-        waiters: list[list[int] | None] = [None] * n_total  # op -> work items waiting on it
-        # work items: s (>= 0) = compute queue of stage s; -1 - ch = channel ch
-        work: list[int] = list(range(p)) + [-1 - ch for ch in chan_members]
+        waiters: dict[int, list[int]] = {}
+        # work items: s >= 0 = compute queue of stage s; -1 - c = copy channel c
+        work: list[int] = [-1 - c for c in chan_members] + list(range(p - 1, -1, -1))
         in_work = set(work)
         done = 0
 
-        def blocker(op: int) -> int:
-            """-1 if every dependency of op has ended, else the first one that has not."""
-            for dop, _lag in deps[op]:
-                if end[dop] < 0:
-                    return dop
-            if is_transfer[op]:
-                iss = issue_of[op]
-                if iss >= 0 and end[iss] < 0:
-                    return iss
-            return -1
+        def wait_on(b: int, item: int) -> None:
+            lst = waiters.get(b)
+            if lst is None:
+                waiters[b] = [item]
+            elif item not in lst:
+                lst.append(item)
 
-        def ready_time(op: int) -> float:
-            t = 0.0
-            for dop, lag in deps[op]:
-                x = end[dop] + lag
-                if x > t:
-                    t = x
-            if is_transfer[op]:
-                iss = issue_of[op]
-                if iss >= 0 and end[iss] > t:
-                    t = end[iss]
-            return t
-
-        def finish(op: int) -> None:
-            w = waiters[op]
-            if w:
-                for item in w:
+        def wake(op: int) -> None:
+            lst = waiters.pop(op, None)
+            if lst:
+                for item in lst:
                     if item not in in_work:
                         in_work.add(item)
                         work.append(item)
-                waiters[op] = None
 
-        def heads(ch: int) -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
-            """Ready (op, ready time) and blocked (op, blocker) head transfers of a channel."""
+        def first_blocker(op: int) -> int:
+            for b in (d0[op], d1[op], d2[op]):
+                if end[b] < 0:
+                    return b
+            return -1
+
+        def heads(c: int) -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
             ready: list[tuple[int, float]] = []
             blocked: list[tuple[int, int]] = []
-            for s in chan_members[ch]:
+            for s in chan_members[c]:
                 k = xfer_ptr[s]
                 if k < len(xfer_q[s]):
                     op = xfer_q[s][k]
-                    b = blocker(op)
+                    b = first_blocker(op)
                     if b >= 0:
                         blocked.append((op, b))
                     else:
-                        ready.append((op, ready_time(op)))
+                        t = max(end[d0[op]] + l0[op], end[d1[op]] + l1[op], end[d2[op]] + l2[op])
+                        ready.append((op, t))
             return ready, blocked
 
-        def channel_candidate(ch: int) -> float | None:
-            ready, _ = heads(ch)
-            return min(t for _, t in ready) if ready else None
-
-        def run_channel(ch: int, item: int, force: bool) -> int:
-            """Start transfers on a channel while its order is known; the number started."""
+        def run_channel(c: int, item: int, force: bool) -> int:
             started = 0
             while True:
-                ready, blocked = heads(ch)
+                ready, blocked = heads(c)
                 # A blocked head of another stage might become ready before the ready ones:
                 # wait for it unless forced (the whole simulation is stalled).
                 if not ready or (blocked and not force):
                     for _op, b in blocked:
-                        lst = waiters[b]
-                        if lst is None:
-                            waiters[b] = [item]
-                        elif item not in lst:
-                            lst.append(item)
+                        wait_on(b, item)
                     return started
                 force = False
                 op, t = min(ready, key=lambda x: (x[1], x[0]))
-                t = max(t, chan_free[ch])
+                if chan_free[c] > t:
+                    t = chan_free[c]
                 start[op] = t
-                end[op] = t + dur[op]
-                chan_free[ch] = end[op]
-                xfer_ptr[stage_of_op[op]] += 1
+                e = t + dur[op]
+                end[op] = e
+                chan_free[c] = e
+                xfer_ptr[stage_of[op]] += 1
                 started += 1
-                finish(op)
+                if op in waiters:
+                    wake(op)
 
-        while work:
-            item = work.pop()
-            in_work.discard(item)
-            if item >= 0:
+        while True:
+            while work:
+                item = work.pop()
+                in_work.discard(item)
+                if item < 0:
+                    done += run_channel(-1 - item, item, False)
+                    continue
                 s = item
-                q = comp_q[s]
-                k = comp_ptr[s]
+                k0 = k = comp_ptr[s]
                 free = dev_free[s]
-                while k < len(q):
-                    op = q[k]
-                    b = blocker(op)
-                    if b >= 0:
-                        lst = waiters[b]
-                        if lst is None:
-                            waiters[b] = [s]
-                        elif s not in lst:
-                            lst.append(s)
+                for op, a, b, c, la, lb, lc, du in islice(comp_rows[s], k0, None):
+                    ea, eb, ec = end[a], end[b], end[c]
+                    if ea < 0 or eb < 0 or ec < 0:
+                        wait_on(a if ea < 0 else (b if eb < 0 else c), s)
                         break
-                    t = ready_time(op)
+                    t = ea + la
+                    if eb + lb > t:
+                        t = eb + lb
+                    if ec + lc > t:
+                        t = ec + lc
                     if free > t:
                         t = free
                     start[op] = t
-                    free = t + dur[op]
+                    free = t + du
                     end[op] = free
-                    done += 1
                     k += 1
-                    finish(op)
+                    if op in waiters:
+                        wake(op)
+                done += k - k0
                 comp_ptr[s] = k
                 dev_free[s] = free
-            else:
-                done += run_channel(-1 - item, item, False)
+            if done >= n:
+                break
+            # Stalled: a shared channel may be holding a ready transfer back while it waits to
+            # learn whether a blocked one would be ready earlier. Release the earliest one.
+            best_c, best_t = None, 0.0
+            for c in chan_members:
+                ready, _ = heads(c)
+                if ready:
+                    t = min(x[1] for x in ready)
+                    if best_c is None or t < best_t:
+                        best_c, best_t = c, t
+            if best_c is None:
+                break
+            done += run_channel(best_c, -1 - best_c, True)
 
-            if not work and done < n_total:
-                # Stalled: a shared channel may be holding a ready transfer back while it waits to
-                # learn whether a blocked one would be ready earlier. Release the earliest.
-                best_ch, best_t = None, 0.0
-                for ch in chan_members:
-                    t = channel_candidate(ch)
-                    if t is not None and (best_ch is None or t < best_t):
-                        best_ch, best_t = ch, t
-                if best_ch is not None:
-                    done += run_channel(best_ch, -1 - best_ch, True)
-
-        if done < n_total:
-            self._report_deadlock(offset, comp_q, comp_ptr, xfer_q, xfer_ptr, end, deps, issue_of)
+        if done < n:
+            self._report_deadlock(comp_ql, comp_ptr, xfer_q, xfer_ptr, end, first_blocker)
             return None
-        starts = [np.asarray(start[offset[s] : offset[s + 1]]) for s in range(p)]
-        ends = [np.asarray(end[offset[s] : offset[s + 1]]) for s in range(p)]
-        return starts, ends
+        return np.asarray(start), np.asarray(end[:n])
 
-    @staticmethod
-    def _stage_of(op: int, offset: list[int]) -> int:
-        lo, hi = 0, len(offset) - 2
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if offset[mid] <= op:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+    def _name(self, op: int) -> str:
+        s = int(self.stage[op])
+        return f"stage {s} {self.actions[s][op - int(self.offset[s])]}"
 
-    def _report_deadlock(self, offset, comp_q, comp_ptr, xfer_q, xfer_ptr, end, deps, issue_of) -> None:  # type: ignore[no-untyped-def]
+    def _report_deadlock(
+        self,
+        comp_q: list[list[int]],
+        comp_ptr: list[int],
+        xfer_q: list[list[int]],
+        xfer_ptr: list[int],
+        end: list[float],
+        first_blocker: Callable[[int], int],
+    ) -> None:
+        """Name the cycle of ops that wait on each other."""
         p = self.pb.num_stages
-
-        def name(op: int) -> str:
-            s = self._stage_of(op, offset)
-            return f"stage {s} {self.actions[s][op - offset[s]]}"
-
-        # wait-for edges from each blocked head op to the head op of the stage holding its blocker
         head: dict[int, int] = {}
         for s in range(p):
             if comp_ptr[s] < len(comp_q[s]):
                 head[s] = comp_q[s][comp_ptr[s]]
-
-        def first_blocker(op: int) -> int:
-            for dop, _ in deps[op]:
-                if end[dop] < 0:
-                    return dop
-            iss = issue_of[op]
-            return iss if iss >= 0 and end[iss] < 0 else -1
+        heads = set(head.values())
 
         def waits_on(op: int) -> int:
             b = first_blocker(op)
             if b < 0:
                 return -1
-            s = self._stage_of(b, offset)
-            # b is a compute op behind the head of stage s, or a transfer behind its channel
-            if b in head.values():
+            s = int(self.stage[b])
+            if b in heads:
                 return b
-            if self.actions[s][b - offset[s]].op in COMPUTE_KINDS:
+            if self.is_compute[b]:
                 return head.get(s, b)
             k = xfer_ptr[s]
             return xfer_q[s][k] if k < len(xfer_q[s]) else b
 
-        reported = False
-        for start_op in list(head.values()):
+        for start_op in head.values():
             chain = [start_op]
             seen = {start_op: 0}
             cur = start_op
@@ -596,71 +559,58 @@ class _Simulator:
                     hops = []
                     for x, y in itertools.pairwise(cyc):
                         blk = first_blocker(x)
-                        hop = f"{name(x)} waits for {name(blk)}"
+                        hop = f"{self._name(x)} waits for {self._name(blk)}"
                         if blk != y:
-                            hop += f" (queued behind {name(y)})"
+                            hop += f" (queued behind {self._name(y)})"
                         hops.append(hop)
                     self.violations.append(
                         Violation(
                             kind="deadlock",
-                            stage=self._stage_of(nxt, offset),
+                            stage=int(self.stage[nxt]),
                             message="deadlock: " + "; ".join(hops),
                         )
                     )
-                    reported = True
-                    break
+                    return
                 seen[nxt] = len(chain)
                 chain.append(nxt)
                 cur = nxt
-            if reported:
-                break
-        if not reported:
-            stuck = ", ".join(name(o) for o in head.values())
-            self.violations.append(
-                Violation(kind="deadlock", message=f"deadlock: cannot progress at {stuck}")
-            )
+        stuck = ", ".join(self._name(o) for o in head.values())
+        self.violations.append(
+            Violation(kind="deadlock", message=f"deadlock: cannot progress at {stuck}")
+        )
 
     # ---- memory ------------------------------------------------------------------------------
 
-    def _memory(self, starts: list[np.ndarray], ends: list[np.ndarray]) -> list[MemoryCurve]:
+    def _memory(self, start: np.ndarray, end: np.ndarray) -> list[MemoryCurve]:
         pb = self.pb
+        p = pb.num_stages
         m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
         ob = pb.cost("offload_bytes")
+        zero = np.zeros_like(ob)
+        # delta of activation memory and of host-held bytes per op code
+        DM = np.stack([m_f, m_b, m_w, m_b + m_w, -ob, ob])
+        DH = np.stack([zero, zero, zero, zero, ob, -ob])
+        code, st, ch = self.code, self.stage, self.ch
+        delta = DM[code, st, ch]
+        host = DH[code, st, ch]
+        times = np.where(code == 5, start, end)
+        order = np.lexsort((times, st))
+        st_o, t_o = st[order], times[order]
         curves = []
-        for s, row in enumerate(self.actions):
-            n = len(row)
-            times = np.empty(n)
-            delta = np.empty(n)
-            host = np.zeros(n)
-            st, en = starts[s], ends[s]
-            for i, a in enumerate(row):
-                c = a.chunk
-                op = a.op
-                if op == "F":
-                    times[i], delta[i] = en[i], m_f[s, c]
-                elif op == "B":
-                    times[i], delta[i] = en[i], m_b[s, c]
-                elif op == "W":
-                    times[i], delta[i] = en[i], m_w[s, c]
-                elif op == "BW":
-                    times[i], delta[i] = en[i], m_b[s, c] + m_w[s, c]
-                elif op == "OFFLOAD":
-                    times[i], delta[i] = en[i], -ob[s, c]
-                    host[i] = ob[s, c]
-                else:
-                    times[i], delta[i] = st[i], ob[s, c]
-                    host[i] = -ob[s, c]
-            order = np.argsort(times, kind="stable")
-            t_sorted = times[order]
-            level = np.cumsum(delta[order])
-            off = np.cumsum(host[order])
-            if n:
-                scale = max(float(abs(t_sorted[-1])), 1e-30)
-                last = np.ones(n, dtype=bool)
-                last[:-1] = np.diff(t_sorted) > 1e-12 * scale
-                t_sorted, level, off = t_sorted[last], level[last], off[last]
-                t_sorted = np.concatenate(([min(0.0, float(t_sorted[0]))], t_sorted))
+        bounds = np.searchsorted(st_o, np.arange(p + 1))
+        for s in range(p):
+            lo, hi = bounds[s], bounds[s + 1]
+            t_s = t_o[lo:hi]
+            level = np.cumsum(delta[order[lo:hi]])
+            offl = np.cumsum(host[order[lo:hi]])
+            k = hi - lo
+            if k:
+                scale = max(float(abs(t_s[-1])), 1e-30)
+                last = np.ones(k, dtype=bool)
+                last[:-1] = np.diff(t_s) > 1e-12 * scale
+                t_s, level, offl = t_s[last], level[last], offl[last]
+                t_s = np.concatenate(([min(0.0, float(t_s[0]))], t_s))
                 level = np.concatenate(([0.0], level))
-                off = np.concatenate(([0.0], off))
-            curves.append(MemoryCurve(t_sorted, level, off))
+                offl = np.concatenate(([0.0], offl))
+            curves.append(MemoryCurve(t_s, level, offl))
         return curves

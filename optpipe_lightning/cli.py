@@ -1,0 +1,454 @@
+"""The ``optpipe`` command: solve, compare, simulate, build problems, export traces, inspect.
+
+Exit code 0 on success, 2 on bad input with a one-line reason on stderr (never a traceback for a
+user's mistake). ``--json`` output follows the contracts in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import UserError, load_model
+from .schedule import Problem, Schedule, simulate
+from .schedule.bounds import lower_bound
+from .schedule.simulator import ScheduleMismatchError
+
+app = typer.Typer(
+    name="optpipe",
+    help="Memory-aware pipeline schedules: solve, compare, simulate, export, inspect.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False)
+
+T = TypeVar("T")
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Print a user's mistake as one line on stderr and exit with code 2."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except (UserError, ScheduleMismatchError) as e:
+        _fail(str(e))
+    except Exception as e:  # errors of optional parts that are the user's to fix
+        name = type(e).__name__
+        if name in {"NotApplicable", "InfeasibleMemoryLimit", "DatabaseError", "SolverUnavailable"}:
+            _fail(str(e))
+        raise
+
+
+def _fail(message: str) -> None:
+    err.print(f"optpipe: error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _load_problem(path: Path) -> Problem:
+    return load_model(path, Problem, "problem")
+
+
+def _load_schedule(path: Path) -> Schedule:
+    return load_model(path, Schedule, "schedule")
+
+
+# ---- formatting ------------------------------------------------------------------------------
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "∞"
+    if abs(x) >= 1e6:
+        for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+            if abs(x) >= scale:
+                return f"{x / scale:.2f} {unit}"
+    return f"{x:.3g}"
+
+
+def _row(
+    name: str,
+    schedule: Schedule,
+    bound: float | None,
+    solve_seconds: float | None = None,
+) -> dict[str, Any]:
+    ev = schedule.evaluation
+    assert ev is not None
+    return {
+        "name": name,
+        "makespan": ev.makespan,
+        "bubble_rate": ev.bubble_rate,
+        "stage_span_bubble_rate": ev.stage_span_bubble_rate,
+        "peak_memory": ev.peak_memory,
+        "memory_limit": ev.memory_limit,
+        "feasible": ev.feasible,
+        "num_offloaded": ev.num_offloaded,
+        "solve_seconds": solve_seconds,
+        "lower_bound": bound,
+    }
+
+
+def _problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
+    return {
+        "hash": problem.hash,
+        "name": problem.name,
+        "num_stages": problem.num_stages,
+        "num_microbatches": problem.num_microbatches,
+        "num_chunks": problem.num_chunks,
+        "placement": problem.placement,
+        "memory_limit": problem.memory_limits(),
+        "offload": problem.offload is not None,
+        "lower_bound": bound,
+    }
+
+
+def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
+    title = (
+        f"{problem.name or 'problem'} {problem.hash}: p={problem.num_stages} "
+        f"m={problem.num_microbatches} v={problem.num_chunks}"
+        + (f" ({problem.placement})" if problem.num_chunks > 1 else "")
+    )
+    table = Table(title=title, title_justify="left")
+    for col, justify in (
+        ("schedule", "left"),
+        ("makespan", "right"),
+        ("bubble", "right"),
+        ("stage-span", "right"),
+        ("peak / limit", "right"),
+        ("fits", "center"),
+        ("offloads", "right"),
+        ("solve", "right"),
+        ("bound", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    best = min((r["makespan"] for r in rows if r["feasible"]), default=None)
+    for r in rows:
+        peaks, limits = r["peak_memory"], r["memory_limit"]
+        i = max(range(len(peaks)), key=lambda k: peaks[k]) if peaks else 0
+        lim = limits[i] if limits else None
+        peak = f"{_fmt_bytes(peaks[i])} / {_fmt_bytes(lim)}" if peaks else "-"
+        mk = _fmt_time(r["makespan"])
+        if best is not None and r["feasible"] and r["makespan"] == best:
+            mk = f"[bold green]{mk}[/]"
+        table.add_row(
+            r["name"],
+            mk,
+            "-" if r["bubble_rate"] is None else f"{r['bubble_rate']:.4f}",
+            "-" if r["stage_span_bubble_rate"] is None else f"{r['stage_span_bubble_rate']:.4f}",
+            peak,
+            "[green]yes[/]" if r["feasible"] else "[red]no[/]",
+            str(r["num_offloaded"]),
+            "-" if r["solve_seconds"] is None else f"{r['solve_seconds']:.2f} s",
+            _fmt_time(r["lower_bound"]),
+        )
+    out.print(table)
+    for name, reason in skipped.items():
+        out.print(f"[dim]{name}: not applicable: {reason}[/]")
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+ProblemArg = Annotated[Path, typer.Argument(help="problem JSON (format optpipe.problem/1)")]
+
+
+@app.command()
+def compare(
+    problem_path: ProblemArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON document")] = False,
+    no_solve: Annotated[bool, typer.Option("--no-solve", help="baselines only")] = False,
+    solver: Annotated[str, typer.Option(help="solver backend")] = "auto",
+    time_limit: Annotated[float, typer.Option(help="solver time limit, seconds")] = 10.0,
+    seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
+) -> None:
+    """Every applicable baseline and the solver on one problem, side by side."""
+    with user_errors():
+        problem = _load_problem(problem_path)
+        from .schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+
+        bound = lower_bound(problem)
+        rows: list[dict[str, Any]] = []
+        skipped: dict[str, str] = {}
+        for name in BASELINE_NAMES:
+            try:
+                sched = generate(name, problem)
+            except NotApplicable as e:
+                skipped[name] = str(e)
+                continue
+            except (ImportError, AttributeError):
+                skipped[name] = "not available in this build"
+                continue
+            rows.append(_row(name, sched, bound))
+        if not no_solve:
+            result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=None)
+            rows.append(_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds))
+        if as_json:
+            doc = {
+                "problem": _problem_summary(problem, bound),
+                "schedules": rows,
+                "not_applicable": [{"name": k, "reason": v} for k, v in skipped.items()],
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            _print_table(problem, rows, skipped)
+
+
+def _run_solver(
+    problem: Problem,
+    backend: str,
+    time_limit: float,
+    seed: int,
+    *,
+    quiet: bool,
+    db_url: str | None,
+    gap: float = 0.0,
+) -> Any:
+    if time_limit <= 0:
+        raise UserError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    from .solver import solve
+
+    callbacks: list[Callable[[Any], None]] = []
+    recorder = None
+    run_id = None
+    db = None
+    if db_url is not None:
+        from .profiles_db import open_database
+        from .profiles_db import repository as repo
+
+        db = open_database(db_url)
+        with db.session() as s:
+            repo.store_problem(s, problem)
+            run_id = repo.start_solver_run(
+                s, problem.hash, backend, {"time_limit": time_limit, "seed": seed, "gap": gap}
+            )
+        recorder = repo.SolverEventRecorder(db, run_id)
+        callbacks.append(recorder)
+
+    def on_incumbent(inc: Any) -> None:
+        for cb in callbacks:
+            cb(inc)
+
+    if quiet or not out.is_terminal:
+        result = solve(
+            problem,
+            backend=backend,
+            time_limit=time_limit,
+            seed=seed,
+            gap_target=gap,
+            on_incumbent=on_incumbent,
+        )
+    else:
+        from .solver.progress import RichSolveProgress
+
+        with RichSolveProgress(problem, time_limit) as progress:
+            callbacks.append(progress)
+            result = solve(
+                problem,
+                backend=backend,
+                time_limit=time_limit,
+                seed=seed,
+                gap_target=gap,
+                on_incumbent=on_incumbent,
+            )
+    if result.message and not quiet:
+        err.print(f"optpipe: note: {result.message}", markup=False)
+    if db is not None and recorder is not None and run_id is not None:
+        from .profiles_db import repository as repo
+
+        recorder.close()
+        with db.session() as s:
+            sid = repo.store_schedule(s, result.schedule, problem=problem, source="solver")
+            repo.finish_solver_run(
+                s,
+                run_id,
+                status=result.status,
+                makespan=result.makespan,
+                lower_bound=result.lower_bound,
+                schedule_id=sid,
+            )
+    return result
+
+
+@app.command()
+def solve(
+    problem_path: ProblemArg,
+    solver: Annotated[str, typer.Option(help="auto | cpsat | gurobi | highs | heuristic")] = "auto",
+    time_limit: Annotated[float, typer.Option(help="seconds")] = 60.0,
+    gap: Annotated[float, typer.Option(help="stop at this relative gap (0 = prove optimal)")] = 0.0,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="write the schedule JSON here")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(help="record the run and schedule in this database (SQLAlchemy URL)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+) -> None:
+    """The fastest schedule that fits the memory limit, with offload decisions and a bound."""
+    with user_errors():
+        problem = _load_problem(problem_path)
+        if out_path is not None and out_path.is_dir():
+            raise UserError(f"--out {out_path} is a directory; give a file name")
+        result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=db, gap=gap)
+        if out_path is not None:
+            out_path.write_text(result.schedule.to_json(indent=1))
+        summary = {
+            "problem": problem.hash,
+            "status": result.status,
+            "backend": result.backend,
+            **_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds),
+            "gap": result.gap,
+            "first_solution_seconds": result.first_solution_seconds,
+            "out": str(out_path) if out_path else None,
+        }
+        if as_json:
+            sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        else:
+            ev = result.schedule.evaluation
+            out.print(
+                f"[bold]{result.status}[/] ({result.backend}): makespan "
+                f"{_fmt_time(result.makespan)}, bound {_fmt_time(result.lower_bound)}, "
+                f"gap {result.gap:.2%}, {ev.num_offloaded if ev else 0} offloads, "
+                f"solved in {result.solve_seconds:.2f} s" + (f" -> {out_path}" if out_path else "")
+            )
+
+
+@app.command(name="simulate")
+def simulate_cmd(
+    problem_path: ProblemArg,
+    schedule_path: Annotated[Path, typer.Argument(help="schedule JSON (optpipe.schedule/1)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the evaluation as JSON")] = False,
+) -> None:
+    """Evaluate a given schedule on a problem: timing, memory, and every violation."""
+    with user_errors():
+        problem = _load_problem(problem_path)
+        schedule = _load_schedule(schedule_path)
+        if schedule.problem_hash != problem.hash:
+            raise UserError(
+                f"{schedule_path} was made for problem {schedule.problem_hash}, but "
+                f"{problem_path} is problem {problem.hash}; simulate it with its own problem"
+            )
+        ev = simulate(problem, schedule).evaluation
+        if as_json:
+            sys.stdout.write(
+                json.dumps(
+                    {
+                        "problem": problem.hash,
+                        "generator": schedule.generator,
+                        **ev.model_dump(mode="json"),
+                        "lower_bound": lower_bound(problem),
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+        else:
+            sched = schedule.with_evaluation(ev)
+            _print_table(problem, [_row(schedule.generator, sched, lower_bound(problem))], {})
+            for v in ev.violations:
+                out.print(f"[red]{v.kind}[/]: {v.message}", markup=True, highlight=False)
+        if not ev.feasible:
+            raise typer.Exit(1)
+
+
+@app.command()
+def trace(
+    schedule_path: Annotated[Path, typer.Argument(help="schedule JSON")],
+    out_path: Annotated[Path, typer.Option("--out", help="trace file to write")] = Path(
+        "trace.json"
+    ),
+    problem_path: Annotated[
+        Path | None,
+        typer.Option("--problem", help="the problem (default: the one embedded in the schedule)"),
+    ] = None,
+) -> None:
+    """Write a Chrome trace (open it in https://ui.perfetto.dev) of a schedule's timeline."""
+    with user_errors():
+        schedule = _load_schedule(schedule_path)
+        if problem_path is not None:
+            problem = _load_problem(problem_path)
+        elif schedule.problem is not None:
+            problem = schedule.problem
+        else:
+            raise UserError(
+                f"{schedule_path} does not embed its problem; pass --problem PROBLEM.json"
+            )
+        if schedule.problem_hash != problem.hash:
+            raise UserError(
+                f"{schedule_path} was made for problem {schedule.problem_hash}, not {problem.hash}"
+            )
+        ev = simulate(problem, schedule).evaluation
+        if ev.makespan is None:
+            raise UserError(f"{schedule_path} cannot be timed: {ev.violations[0].message}")
+        from .inspector.chrome_trace import chrome_trace
+
+        doc = chrome_trace(problem, schedule)
+        out_path.write_text(json.dumps(doc))
+        out.print(f"wrote {out_path} ({len(doc['traceEvents'])} events); open it in Perfetto")
+
+
+@app.command()
+def inspect(
+    db: Annotated[
+        str | None, typer.Option(help="database URL (default: the user database)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
+    ] = None,
+) -> None:
+    """Start the Streamlit inspector on 127.0.0.1 over a profiles database (read-only)."""
+    with user_errors():
+        try:
+            from .inspector.launch import run_inspector
+        except ImportError as e:
+            raise UserError(
+                f"the inspector needs its extra: pip install 'optpipe-lightning[inspector]' ({e})"
+            ) from None
+        raise typer.Exit(run_inspector(db, port))
+
+
+def _mount_optional() -> None:
+    try:
+        from .profiles_db.cli import app as db_app
+    except ImportError:
+        return
+    app.add_typer(db_app, name="db", help="List, show, export, import and prune the database.")
+
+
+def _mount_problem() -> None:
+    try:
+        from .problem_cli import problem_command
+    except ImportError:
+        return
+    app.command(name="problem")(problem_command)
+
+
+_mount_optional()
+_mount_problem()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

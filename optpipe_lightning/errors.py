@@ -1,0 +1,69 @@
+"""Turning user mistakes into one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .schedule.problem import COST_FIELDS
+
+M = TypeVar("M", bound=BaseModel)
+
+_PER_STAGE = {*COST_FIELDS, "bytes"}
+
+
+class UserError(Exception):
+    """A mistake in what the user gave us; the message is the whole story (exit code 2)."""
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """The first problem pydantic found, as ``field: reason`` (plus a count of the others)."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    loc = [str(x) for x in first["loc"]]
+    # union members show up as extra loc parts ("float", "list[float]"): drop them
+    loc = [x for x in loc if not any(t in x for t in ("float", "list[", "int", "function-"))]
+    field = ".".join(loc)
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    kind = str(first["type"])
+    if loc and loc[-1] in _PER_STAGE and kind.endswith("_type"):
+        msg = "expected a number, a list of num_stages numbers or a [stage][chunk] list of lists"
+    elif kind == "extra_forbidden":
+        msg = "unknown field (check the spelling; extra fields are not allowed)"
+    elif kind == "missing":
+        msg = "required field is missing"
+    distinct = {tuple(e["loc"][:1]) for e in errors}
+    more = f" (and {len(distinct) - 1} more field(s))" if len(distinct) > 1 else ""
+    return f"{field}: {msg}{more}" if field else f"{msg}{more}"
+
+
+def load_model(path: str | Path, model: type[M], what: str) -> M:
+    """Read and validate a JSON file, raising ``UserError`` with a one-line reason."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{p}: is a directory, expected a {what} JSON file") from None
+    except OSError as e:
+        raise UserError(f"{p}: cannot read ({e.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(
+            f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: expected a JSON object for a {what}")
+    fmt = data.get("format")
+    expected = model.model_fields["format"].default if "format" in model.model_fields else None
+    if fmt is not None and expected is not None and fmt != expected:
+        raise UserError(f"{p}: format is {fmt!r}, expected {expected!r} (is this a {what} file?)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise UserError(f"{p}: {describe_validation_error(e)}") from None

@@ -1,0 +1,133 @@
+"""Cheap, valid lower bounds on the makespan of any schedule of a problem.
+
+Every bound holds for every valid schedule (any order, fused or split backward, any offload
+decision), so ``lower_bound(problem) <= makespan`` of anything the simulator accepts. Notation:
+layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` their op times,
+``cf_g`` the p2p lag on the forward edge ``g -> g+1`` and ``cb_g`` on the backward edge
+``g+1 -> g`` (the sending stage's ``t_comm`` when the two groups sit on different devices, else 0).
+``EF_g = sum_{g'<g} (F_g' + cf_g')`` is the earliest any F of group g can start.
+
+1. **Work** (per device d): nothing runs on d before ``head_d = min_c EF_g(d,c)``, and d then
+   executes all its ops one at a time: ``head_d + sum of F+B+W on d``.
+2. **Forward throughput** (per group g): the m forwards of group g run one at a time from
+   ``EF_g``; the last one ends no earlier than ``EF_g + m F_g`` and its microbatch still needs the
+   rest of the forward chain, the whole backward chain and ``W_0``.
+3. **Backward throughput** (per group g): no B of group g starts before the first microbatch has
+   gone forward through every group and backward down to g; the m backwards of g then run one at
+   a time, and the last needs the rest of the backward chain (then ``W_0``) or its own ``W_g``.
+4. **Memory-time** (per device d, with a memory limit): each activation of (d, c) is resident from
+   its F end to its B end, at least ``R_g + B_g`` (``R_g`` = the forward and backward chain above
+   g), except for the part that is offloaded, resident at least ``t_off + t_rel + B_g``; the
+   W-part stays until W ends (at least ``W_g``). The integral of memory over time is at most
+   ``limit * makespan``, so ``makespan >= (sum of resident byte-seconds) / limit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class BoundParts:
+    work: float
+    forward: float
+    backward: float
+    memory: float
+
+    @property
+    def value(self) -> float:
+        return max(self.work, self.forward, self.backward, self.memory)
+
+    @property
+    def binding(self) -> str:
+        parts = {
+            "work": self.work,
+            "forward": self.forward,
+            "backward": self.backward,
+            "memory": self.memory,
+        }
+        return max(parts, key=lambda k: parts[k])
+
+
+def lower_bound(problem: Problem) -> float:
+    """A valid lower bound on the makespan of every schedule of ``problem``."""
+    return bound_parts(problem).value
+
+
+def bound_parts(problem: Problem) -> BoundParts:
+    pb = problem
+    p, m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
+    G = p * v
+    table = pb.group_table
+    t_f, t_b, t_w, t_c = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_comm")
+    F = [float(t_f[table[g]]) for g in range(G)]
+    B = [float(t_b[table[g]]) for g in range(G)]
+    W = [float(t_w[table[g]]) for g in range(G)]
+    cf = [0.0] * G  # forward edge g -> g+1
+    cb = [0.0] * G  # backward edge g+1 -> g
+    for g in range(G - 1):
+        (s0, c0), (s1, c1) = table[g], table[g + 1]
+        if s0 != s1:
+            cf[g] = float(t_c[s0, c0])
+            cb[g] = float(t_c[s1, c1])
+    EF = [0.0] * G
+    for g in range(1, G):
+        EF[g] = EF[g - 1] + F[g - 1] + cf[g - 1]
+    # backward chain from the top down to group g (exclusive of B_g): time after the last F of
+    # the chain ends until B_g may start
+    down = [0.0] * G  # down[g] = sum_{g' > g} B_g' + sum_{g' >= g} cb_g' (g' < G-1)
+    for g in range(G - 2, -1, -1):
+        down[g] = down[g + 1] + B[g + 1] + cb[g]
+    fwd_rest = [0.0] * G  # fwd_rest[g] = time from the end of F_g to the end of F_{G-1}
+    for g in range(G - 2, -1, -1):
+        fwd_rest[g] = fwd_rest[g + 1] + cf[g] + F[g + 1]
+    # below[g] = time from the end of B_g until the end of W_0 via the rest of the backward chain
+    below = [0.0] * G
+    below[0] = W[0]
+    for g in range(1, G):
+        below[g] = cb[g - 1] + B[g - 1] + below[g - 1]
+
+    # 1. work
+    work_lb = 0.0
+    for s in range(p):
+        head = min(EF[pb.group_of(s, c)] for c in range(v))
+        work = m * float(t_f[s].sum() + t_b[s].sum() + t_w[s].sum())
+        work_lb = max(work_lb, head + work)
+    # 2. forward throughput
+    fwd_lb = 0.0
+    for g in range(G):
+        after = fwd_rest[g] + down[0] + B[0] + W[0]
+        fwd_lb = max(fwd_lb, EF[g] + m * F[g] + after)
+    # 3. backward throughput
+    top = EF[G - 1] + F[G - 1]
+    bwd_lb = 0.0
+    for g in range(G):
+        first_b = top + down[g]
+        tail = max(W[g], below[g])
+        bwd_lb = max(bwd_lb, first_b + m * B[g] + tail)
+    # 4. memory-time
+    mem_lb = 0.0
+    limits = pb.memory_limits()
+    m_f, m_w = pb.cost("m_f"), pb.cost("m_w")
+    ob = pb.cost("offload_bytes")
+    m_b = pb.cost("m_b")
+    signs_ok = bool((m_b <= 0).all() and (m_w <= 0).all())
+    for s in range(p):
+        lim = limits[s]
+        if lim is None or not signs_ok:
+            continue
+        byte_seconds = 0.0
+        for c in range(v):
+            g = pb.group_of(s, c)
+            resident = fwd_rest[g] + down[g] + B[g]
+            act = float(m_f[s, c])
+            moved = float(ob[s, c]) if pb.offload is not None else 0.0
+            moved_resident = min(resident, pb.offload_time(s, c) + pb.reload_time(s, c) + B[g])
+            wpart = -float(m_w[s, c])
+            byte_seconds += m * (
+                (act - moved) * resident + moved * moved_resident + max(wpart, 0.0) * W[g]
+            )
+        mem_lb = max(mem_lb, byte_seconds / lim)
+    return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb)
