@@ -41,9 +41,7 @@ def get_generator(name: str) -> Callable[[Problem], Schedule]:
     try:
         target = _REGISTRY[name]
     except KeyError:
-        raise KeyError(
-            f"unknown schedule {name!r}; one of {', '.join(BASELINE_NAMES)}"
-        ) from None
+        raise KeyError(f"unknown schedule {name!r}; one of {', '.join(BASELINE_NAMES)}") from None
     module, func = target.split(":")
     fn: Callable[[Problem], Schedule] = getattr(
         importlib.import_module(f"{__name__}.{module}"), func

@@ -1,0 +1,133 @@
+"""The optpipe command: contracts of --json output and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from optpipe_lightning.cli import app
+from optpipe_lightning.schedule import Action, Problem, Schedule
+
+runner = CliRunner()
+
+GOOD = {
+    "format": "optpipe.problem/1",
+    "num_stages": 2,
+    "num_microbatches": 3,
+    "t_f": 1.0,
+    "t_b": 1.0,
+    "t_w": 0.5,
+    "m_f": 1.0,
+    "m_b": -0.5,
+    "m_w": -0.5,
+    "memory_limit": 2.0,
+}
+
+
+def write(tmp_path: Path, name: str, data: object) -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def hand_schedule(pb: Problem) -> Schedule:
+    rows = [
+        [
+            Action("F", 0),
+            Action("F", 1),
+            Action("BW", 0),
+            Action("F", 2),
+            Action("BW", 1),
+            Action("BW", 2),
+        ],
+        [
+            Action("F", 0),
+            Action("BW", 0),
+            Action("F", 1),
+            Action("BW", 1),
+            Action("F", 2),
+            Action("BW", 2),
+        ],
+    ]
+    return Schedule(problem_hash=pb.hash, generator="hand", actions=rows, problem=pb)
+
+
+BAD_PROBLEMS = {
+    "malformed JSON": ("{not json", "not valid JSON"),
+    "wrong type": ({**GOOD, "t_f": "fast"}, "t_f"),
+    "negative time": ({**GOOD, "t_b": -1.0}, "t_b must be > 0"),
+    "deltas not summing to 0": ({**GOOD, "m_w": -0.2}, "sum to 0"),
+    "stage list of wrong length": ({**GOOD, "t_f": [1.0, 1.0, 1.0]}, "expected num_stages=2"),
+    "unknown field": ({**GOOD, "t_forward": 1.0}, "t_forward: unknown field"),
+    "missing field": ({k: v for k, v in GOOD.items() if k != "t_b"}, "t_b: required"),
+    "wrong format": ({**GOOD, "format": "optpipe.schedule/1"}, "expected 'optpipe.problem/1'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROBLEMS))
+@pytest.mark.parametrize("command", ["compare", "solve"])
+def test_bad_problem_is_one_line_and_exit_2(tmp_path: Path, case: str, command: str) -> None:
+    data, needle = BAD_PROBLEMS[case]
+    path = write(tmp_path, "p.json", data)
+    res = runner.invoke(app, [command, str(path), "--json"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert needle in lines[0]
+    assert lines[0].startswith("optpipe: error: ")
+    assert "Traceback" not in res.output
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["compare", str(tmp_path / "nope.json")])
+    assert res.exit_code == 2 and "no such file" in res.stderr
+
+
+def test_simulate_refuses_a_schedule_of_another_problem(tmp_path: Path) -> None:
+    pb = Problem.model_validate(GOOD)
+    other = pb.with_changes(t_f=2.0)
+    sched = write(tmp_path, "s.json", hand_schedule(other).to_json())
+    prob = write(tmp_path, "p.json", GOOD)
+    res = runner.invoke(app, ["simulate", str(prob), str(sched), "--json"])
+    assert res.exit_code == 2
+    assert "made for problem" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_json_evaluates(tmp_path: Path) -> None:
+    pb = Problem.model_validate(GOOD)
+    sched = write(tmp_path, "s.json", hand_schedule(pb).to_json())
+    prob = write(tmp_path, "p.json", GOOD)
+    res = runner.invoke(app, ["simulate", str(prob), str(sched), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["feasible"] is True
+    assert doc["makespan"] == pytest.approx(3 * 2.5 + 2.5)
+    assert doc["peak_memory"] == [2.0, 1.0]
+
+
+def test_simulate_infeasible_schedule_exits_1_with_violations(tmp_path: Path) -> None:
+    pb = Problem.model_validate({**GOOD, "memory_limit": 1.0})
+    sched = write(tmp_path, "s.json", hand_schedule(pb).to_json())
+    prob = write(tmp_path, "p.json", {**GOOD, "memory_limit": 1.0})
+    res = runner.invoke(app, ["simulate", str(prob), str(sched), "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert doc["feasible"] is False and doc["violations"][0]["kind"] == "memory"
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.json", {**GOOD, "num_stages": "two"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "optpipe_lightning.cli", "compare", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "num_stages" in proc.stderr
+    assert "Traceback" not in proc.stderr
