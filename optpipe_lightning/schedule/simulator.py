@@ -195,9 +195,7 @@ class _Simulator:
         def report(mask: np.ndarray, kind: str, text: str) -> None:
             for s, c, j in np.argwhere(mask):
                 name = f"(mb {j}" + (f", chunk {c})" if v > 1 else ")")
-                viol.append(
-                    Violation(kind=kind, stage=int(s), message=text.format(s=s, name=name))
-                )
+                viol.append(Violation(kind=kind, stage=int(s), message=text.format(s=s, name=name)))
 
         report(~hf, "missing-op", "stage {s} has no F {name}")
         report(hbw & (hb | hw), "duplicate-op", "stage {s} has BW and also B or W {name}")
@@ -424,40 +422,78 @@ class _Simulator:
                     return b
             return -1
 
-        def heads(c: int) -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
-            ready: list[tuple[int, float]] = []
-            blocked: list[tuple[int, int]] = []
+        xfer_rows = [
+            list(zip(q, *(x[q].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur))))
+            for q in xfer_q
+        ]
+
+        def run_private_channel(c: int, s: int) -> int:
+            """A channel of one stage: transfers in list order, no arbitration."""
+            k0 = k = xfer_ptr[s]
+            free = chan_free[c]
+            for op, a, b, la, lb, du in islice(xfer_rows[s], k0, None):
+                ea, eb = end[a], end[b]
+                if ea < 0 or eb < 0:
+                    wait_on(a if ea < 0 else b, -1 - c)
+                    break
+                t = ea + la
+                if eb + lb > t:
+                    t = eb + lb
+                if free > t:
+                    t = free
+                start[op] = t
+                free = t + du
+                end[op] = free
+                k += 1
+                if op in waiters:
+                    wake(op)
+            xfer_ptr[s] = k
+            chan_free[c] = free
+            return k - k0
+
+        def scan(c: int) -> tuple[int, int, float, list[int]]:
+            """Of a shared channel's head transfers: the one that can start first (stage, op,
+            ready time; stage -1 if none) and the ops the blocked ones wait on."""
+            best_s, best_op, best_t = -1, -1, 0.0
+            blocked: list[int] = []
             for s in chan_members[c]:
                 k = xfer_ptr[s]
-                if k < len(xfer_q[s]):
-                    op = xfer_q[s][k]
-                    b = first_blocker(op)
-                    if b >= 0:
-                        blocked.append((op, b))
-                    else:
-                        t = max(end[d0[op]] + l0[op], end[d1[op]] + l1[op], end[d2[op]] + l2[op])
-                        ready.append((op, t))
-            return ready, blocked
+                rows = xfer_rows[s]
+                if k >= len(rows):
+                    continue
+                op, a, b, la, lb, _du = rows[k]
+                ea, eb = end[a], end[b]
+                if ea < 0 or eb < 0:
+                    blocked.append(a if ea < 0 else b)
+                    continue
+                t = ea + la
+                if eb + lb > t:
+                    t = eb + lb
+                if best_s < 0 or t < best_t:
+                    best_s, best_op, best_t = s, op, t
+            return best_s, best_op, best_t, blocked
 
         def run_channel(c: int, item: int, force: bool) -> int:
+            members = chan_members[c]
+            if len(members) == 1:
+                return run_private_channel(c, members[0])
             started = 0
             while True:
-                ready, blocked = heads(c)
+                s, op, t, blocked = scan(c)
                 # A blocked head of another stage might become ready before the ready ones:
                 # wait for it unless forced (the whole simulation is stalled).
-                if not ready or (blocked and not force):
-                    for _op, b in blocked:
+                if s < 0 or (blocked and not force):
+                    for b in blocked:
                         wait_on(b, item)
                     return started
                 force = False
-                op, t = min(ready, key=lambda x: (x[1], x[0]))
                 if chan_free[c] > t:
                     t = chan_free[c]
                 start[op] = t
                 e = t + dur[op]
                 end[op] = e
                 chan_free[c] = e
-                xfer_ptr[stage_of[op]] += 1
+                xfer_ptr[s] += 1
                 started += 1
                 if op in waiters:
                     wake(op)
@@ -499,11 +535,9 @@ class _Simulator:
             # learn whether a blocked one would be ready earlier. Release the earliest one.
             best_c, best_t = None, 0.0
             for c in chan_members:
-                ready, _ = heads(c)
-                if ready:
-                    t = min(x[1] for x in ready)
-                    if best_c is None or t < best_t:
-                        best_c, best_t = c, t
+                s, _op, t, _ = scan(c)
+                if s >= 0 and (best_c is None or t < best_t):
+                    best_c, best_t = c, t
             if best_c is None:
                 break
             done += run_channel(best_c, -1 - best_c, True)
