@@ -365,9 +365,7 @@ class _Simulator:
         pb = self.pb
         p, n = pb.num_stages, self.n
         d0, d1, d2 = (x.tolist() for x in self.dep)
-        l0, l1, l2 = (x.tolist() for x in self.lag)
         dur = self.dur.tolist()
-        stage_of = self.stage.tolist()
         is_c = self.is_compute
         off = self.offset.tolist()
         end = [-1.0] * (n + 1)
@@ -423,7 +421,13 @@ class _Simulator:
             return -1
 
         xfer_rows = [
-            list(zip(q, *(x[q].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur))))
+            list(
+                zip(
+                    q,
+                    *(x[q].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur)),
+                    strict=True,
+                )
+            )
             for q in xfer_q
         ]
 
