@@ -8,8 +8,8 @@ A ``Profile`` is what the strategy's profiler measures on this hardware for this
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 import json
+from collections.abc import Callable
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field

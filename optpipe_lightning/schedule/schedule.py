@@ -13,7 +13,7 @@ Semantics of an action list (what the simulator times and the executor runs):
 
 from __future__ import annotations
 
-from typing import Final, Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
