@@ -131,3 +131,75 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "num_stages" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_problem_from_model_description_round_trips(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    res = runner.invoke(
+        app,
+        [
+            "problem",
+            "--layers",
+            "22",
+            "--hidden",
+            "2304",
+            "--heads",
+            "24",
+            "--seq-len",
+            "1024",
+            "--microbatch-size",
+            "6",
+            "--device",
+            "a100",
+            "--stages",
+            "8",
+            "--microbatches",
+            "24",
+            "--memory-limit-microbatches",
+            "16",
+            "--offload",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    pb = Problem.model_validate_json(out.read_text())
+    assert pb.num_stages == 8 and pb.offload is not None
+    assert pb.memory_limits()[0] == pytest.approx(16 * pb.activation_unit())
+    tf, tb, tw = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w")
+    assert (abs(tb + tw - 2 * tf) < 1e-12).all()  # the ZB FLOP model: T_B + T_W = 2 T_F
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--hidden", "64"], "missing --layers"),
+        (
+            ["--layers", "4", "--hidden", "8", "--heads", "1", "--seq-len", "8", "--stages", "8"],
+            "fewer than",
+        ),
+        (
+            [
+                "--layers",
+                "8",
+                "--hidden",
+                "8",
+                "--heads",
+                "1",
+                "--seq-len",
+                "8",
+                "--memory-limit",
+                "lots",
+            ],
+            "expected bytes",
+        ),
+        (
+            ["--layers", "8", "--hidden", "8", "--heads", "1", "--seq-len", "8", "--device", "tpu"],
+            "device",
+        ),
+    ],
+)
+def test_problem_bad_input(args: list[str], needle: str) -> None:
+    res = runner.invoke(app, ["problem", *args])
+    assert res.exit_code == 2
+    assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
