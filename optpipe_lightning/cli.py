@@ -123,10 +123,12 @@ def _problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
 
 def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
     title = (
-        f"{problem.name or 'problem'} {problem.hash}: p={problem.num_stages} "
-        f"m={problem.num_microbatches} v={problem.num_chunks}"
+        f"problem {problem.hash}: p={problem.num_stages} m={problem.num_microbatches} "
+        f"v={problem.num_chunks}"
         + (f" ({problem.placement})" if problem.num_chunks > 1 else "")
     )
+    if problem.name:
+        out.print(f"[dim]{problem.name}[/]", highlight=False)
     table = Table(title=title, title_justify="left")
     for col, justify in (
         ("schedule", "left"),
