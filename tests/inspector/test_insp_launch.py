@@ -1,0 +1,104 @@
+"""Launching the inspector: the Streamlit command line, start-up errors, no torch import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from optpipe_lightning.inspector import launch
+from optpipe_lightning.inspector.ui import parse_db_arg
+
+
+def test_command_line() -> None:
+    cmd = launch.streamlit_command("sqlite:////tmp/x.db", 8600)
+    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(launch.APP)]
+    opts = dict(zip(cmd[5:-3:2], cmd[6:-3:2], strict=True))
+    assert opts == {
+        "--server.address": "127.0.0.1",
+        "--browser.gatherUsageStats": "false",
+        "--server.headless": "true",
+        "--server.fileWatcherType": "none",
+        "--client.toolbarMode": "viewer",
+        "--server.showEmailPrompt": "false",
+        "--server.port": "8600",
+    }
+    assert cmd[-3:] == ["--", "--db", "sqlite:////tmp/x.db"]
+    plain = launch.streamlit_command(None, None, open_browser=True)
+    assert "--server.port" not in plain and "--" not in plain
+    assert plain[plain.index("--server.headless") + 1] == "false"
+    assert launch.APP.is_file()
+
+
+def test_app_arguments() -> None:
+    assert parse_db_arg(["--db", "sqlite:///a.db"]) == "sqlite:///a.db"
+    assert parse_db_arg(["--db=postgresql://u@h/d"]) == "postgresql://u@h/d"
+    assert parse_db_arg(["-q", "tests/x.py"]) is None  # pytest's own arguments are not a URL
+
+
+def test_run_inspector_execs_streamlit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optpipe_lightning.profiles_db import open_database
+
+    url = f"sqlite:///{tmp_path / 'ok.db'}"
+    open_database(url).close()
+    seen: list[list[str]] = []
+
+    def fake_execv(path: str, argv: list[str]) -> None:
+        seen.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launch.os, "execv", fake_execv)
+    with pytest.raises(SystemExit):
+        launch.run_inspector(url, 8765)
+    assert seen == [launch.streamlit_command(url, 8765)]
+
+
+@pytest.mark.parametrize(
+    ("url", "port", "message"),
+    [
+        ("sqlite:///{tmp}/missing.db", None, "no database at {tmp}/missing.db to read"),
+        ("sqlite:///{tmp}/ok.db", 70000, "port 70000 is out of range: use 1..65535"),
+        ("not a url", None, "'not a url' is not a database URL"),
+    ],
+)
+def test_start_up_errors_are_one_line(
+    url: str, port: int | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from optpipe_lightning.profiles_db import open_database
+
+    open_database(f"sqlite:///{tmp_path / 'ok.db'}").close()
+    rc = launch.run_inspector(url.format(tmp=tmp_path), port)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("optpipe inspect: ")
+    assert message.format(tmp=tmp_path) in err
+
+
+def test_browsing_never_imports_torch(tmp_path: Path) -> None:
+    """Every page, run in a fresh interpreter: neither torch nor the strategy gets imported."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from streamlit.testing.v1 import AppTest
+        from optpipe_lightning.inspector import launch
+        from optpipe_lightning.inspector.demo import fill_database
+        url = "sqlite:///{tmp_path / "db.db"}"
+        fill_database(url, baselines=False)
+        os.environ["OPTPIPE_DB_URL"] = url
+        at = AppTest.from_file(str(launch.APP), default_timeout=60).run()
+        for page in ("timeline", "memory", "solver", "compare", "profiles", "training", "export"):
+            at.switch_page(f"views/{{page}}.py").run()
+            assert not at.exception, (page, at.exception)
+        bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "lightning",
+                     "optpipe_lightning.strategy")))
+        print("IMPORTED", bad)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "IMPORTED []" in out.stdout
