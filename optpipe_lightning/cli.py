@@ -124,8 +124,7 @@ def _problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
 def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
     title = (
         f"problem {problem.hash}: p={problem.num_stages} m={problem.num_microbatches} "
-        f"v={problem.num_chunks}"
-        + (f" ({problem.placement})" if problem.num_chunks > 1 else "")
+        f"v={problem.num_chunks}" + (f" ({problem.placement})" if problem.num_chunks > 1 else "")
     )
     if problem.name:
         out.print(f"[dim]{problem.name}[/]", highlight=False)
@@ -331,6 +330,36 @@ def solve(
                 f"{_fmt_time(result.makespan)}, bound {_fmt_time(result.lower_bound)}, "
                 f"gap {result.gap:.2%}, {ev.num_offloaded if ev else 0} offloads, "
                 f"solved in {result.solve_seconds:.2f} s" + (f" -> {out_path}" if out_path else "")
+            )
+
+
+@app.command()
+def baseline(
+    name: Annotated[str, typer.Argument(help="gpipe, 1f1b, zb-h1, zbv, adaoffload, ...")],
+    problem_path: ProblemArg,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="write the schedule JSON here (default: stdout)")
+    ] = None,
+) -> None:
+    """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
+    with user_errors():
+        problem = _load_problem(problem_path)
+        from .schedule.baselines import BASELINE_NAMES, generate
+
+        if name not in BASELINE_NAMES:
+            raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
+        sched = generate(name, problem)
+        text = sched.to_json(indent=1)
+        if out_path is None:
+            sys.stdout.write(text + "\n")
+        else:
+            out_path.write_text(text + "\n")
+            ev = sched.evaluation
+            assert ev is not None
+            err.print(
+                f"wrote {out_path}: {name}, makespan {_fmt_time(ev.makespan)}, "
+                f"{'fits' if ev.feasible else 'does NOT fit'}",
+                markup=False,
             )
 
 

@@ -203,3 +203,26 @@ def test_problem_bad_input(args: list[str], needle: str) -> None:
     res = runner.invoke(app, ["problem", *args])
     assert res.exit_code == 2
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_baseline_export_then_simulate_and_trace(tmp_path: Path) -> None:
+    prob = write(tmp_path, "p.json", {**GOOD, "memory_limit": None})
+    sched = tmp_path / "s.json"
+    res = runner.invoke(app, ["baseline", "1f1b", str(prob), "--out", str(sched)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["simulate", str(prob), str(sched), "--json"])
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["makespan"] == pytest.approx((3 + 2 - 1) * 2.5)
+    trace = tmp_path / "t.json"
+    res = runner.invoke(app, ["trace", str(sched), "--out", str(trace)])
+    assert res.exit_code == 0, res.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(1 for e in events if e["ph"] == "X") == 2 * 3 * 2  # F and BW per (stage, mb)
+
+
+def test_baseline_unknown_name_and_not_applicable(tmp_path: Path) -> None:
+    prob = write(tmp_path, "p.json", GOOD)
+    res = runner.invoke(app, ["baseline", "2f2b", str(prob)])
+    assert res.exit_code == 2 and "unknown baseline" in res.stderr
+    res = runner.invoke(app, ["baseline", "zbv", str(prob)])
+    assert res.exit_code == 2 and "num_chunks=2" in res.stderr
