@@ -1,0 +1,41 @@
+"""The profiles database: profiles, schedules, solver progress and training runs, reused.
+
+Where it lives: ``default_database_url()`` is ``$OPTPIPE_DB_URL`` when set, else the SQLite file
+``$XDG_DATA_HOME/optpipe/optpipe.db`` (``~/.local/share/optpipe/optpipe.db`` when
+``XDG_DATA_HOME`` is unset); any SQLAlchemy URL works (``postgresql://user@host/db``).
+
+    from optpipe_lightning.profiles_db import open_database, repository as repo
+
+    db = open_database()                      # creates or migrates the schema on open
+    with db.session() as s:                   # one short transaction, committed on success
+        h = repo.store_problem(s, problem)
+        best = repo.best_schedule(s, h)
+
+Failures of the surroundings (not an optpipe database, corrupted file, read-only location,
+missing folder, newer schema, unreachable server) raise ``DatabaseError`` with one line for
+the user; ``try_open_database`` returns None instead, for runs that carry on without it.
+See ``database`` (connection and migration rules) and ``repository`` (lookup rules).
+"""
+
+from .database import (
+    Database,
+    default_database_path,
+    default_database_url,
+    head_revision,
+    open_database,
+    try_open_database,
+)
+from .errors import DatabaseError, NotFoundError
+from .recorder import SolverEventRecorder
+
+__all__ = [
+    "Database",
+    "DatabaseError",
+    "NotFoundError",
+    "SolverEventRecorder",
+    "default_database_path",
+    "default_database_url",
+    "head_revision",
+    "open_database",
+    "try_open_database",
+]
