@@ -1,0 +1,34 @@
+"""The Lightning strategy: model contract, partitioning, the pipeline engine over
+torch.distributed.pipelining, activation offload, profiling and online re-solve.
+
+Importing this package imports torch; ``optpipe_lightning`` itself only registers the strategy
+when Lightning is installed.
+"""
+
+from .contract import ContractError, LayerChain, PipelineSpec, get_spec
+from .engine import PipelineEngine, ScheduleRejectedError
+from .partition import PartitionError, balanced_partition
+from .planner import NoScheduleError
+
+__all__ = [
+    "ContractError",
+    "LayerChain",
+    "NoScheduleError",
+    "OptPipeConfigError",
+    "OptPipeStrategy",
+    "PartitionError",
+    "PipelineEngine",
+    "PipelineSpec",
+    "ScheduleRejectedError",
+    "balanced_partition",
+    "get_spec",
+]
+
+
+def __getattr__(name: str) -> object:
+    # the Lightning strategy is imported on first use (Lightning is an optional dependency)
+    if name in ("OptPipeStrategy", "OptPipeConfigError"):
+        from . import strategy
+
+        return getattr(strategy, name)
+    raise AttributeError(name)

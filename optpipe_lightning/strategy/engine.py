@@ -1,0 +1,257 @@
+"""The pipeline engine: this rank's stages, torch's runtime, our schedule; one step at a time.
+
+Framework-free (no Lightning): the strategy drives it, and tests drive it under
+``torch.multiprocessing.spawn``. A schedule reaches the engine only after the simulator found it
+feasible (``ScheduleRejectedError`` otherwise) and torch's lowering found it can progress.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..schedule import Problem, Schedule, simulate
+from .contract import LayerChain
+from .offload import OffloadManager
+from .partition import group_bounds
+from .stage import OptPipeStage, RankCursor
+from .torch_adapter import (
+    check_lowering,
+    load_order,
+    make_runtime,
+    run_eval,
+    run_step,
+    torch_order,
+)
+
+
+class ScheduleRejectedError(ValueError):
+    """The schedule failed the simulator's validation or torch's lowering; it is never run."""
+
+
+def validate_for_execution(problem: Problem, schedule: Schedule) -> None:
+    """The simulator's verdict (feasible) plus torch's lowering; raises with every reason."""
+    if schedule.num_stages != problem.num_stages:
+        raise ScheduleRejectedError(
+            f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
+            f"the pipeline has {problem.num_stages}"
+        )
+    res = simulate(problem, schedule.actions)
+    if not res.feasible:
+        reasons = "; ".join(v.message for v in res.evaluation.violations[:3])
+        raise ScheduleRejectedError(
+            f"schedule {schedule.generator!r} is not feasible for this pipeline: {reasons}"
+        )
+    last_s, last_c = problem.group_table[problem.num_virtual_stages - 1]
+    last_fs = [a.mb for a in schedule.actions[last_s] if a.op == "F" and a.chunk == last_c]
+    if last_fs != sorted(last_fs):
+        # torch's runtime looks a microbatch's loss up by its forward's position
+        raise ScheduleRejectedError(
+            f"schedule {schedule.generator!r}: the last layer group runs its forwards out of "
+            "microbatch order, which torch's runtime cannot pair with their losses"
+        )
+    try:
+        check_lowering(problem, schedule.actions)
+    except ValueError as e:
+        raise ScheduleRejectedError(f"schedule {schedule.generator!r}: {e}") from e
+
+
+class PipelineEngine:
+    """Runs pipelined steps of one pipeline replica on this rank."""
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        problem: Problem,
+        schedule: Schedule,
+        partition: Sequence[int],
+        pp_rank: int,
+        pp_group: Any,
+        device: torch.device,
+        offload_min_bytes: int = 0,
+        measure: bool = False,
+    ) -> None:
+        validate_for_execution(schedule.problem or problem, schedule)
+        self.problem = problem
+        self.schedule = schedule
+        self.pp_rank = pp_rank
+        self.pp_group = pp_group
+        self.device = device
+        self.user_loss = loss_fn
+        self.loss_scale = 1.0 / problem.num_microbatches
+        bounds = group_bounds(partition)
+        self.bounds = bounds
+        self._layer_hooks: list[Any] = []
+        self.layers = list(layers)
+        self.local_groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
+        self.local_modules: list[LayerChain] = []
+        for g in self.local_groups:
+            a, b = bounds[g]
+            chain = LayerChain(self.layers[a:b]).to(device)
+            self.local_modules.append(chain)
+        params = [p for m in self.local_modules for p in m.parameters()]
+        self.offload = OffloadManager(device, params, offload_min_bytes)
+        self.cursor = RankCursor(schedule.actions[pp_rank], self.offload, device, measure=measure)
+        num_groups = problem.num_virtual_stages
+        self.stages = [
+            OptPipeStage(m, g, num_groups, device, pp_group, chunk=c, cursor=self.cursor)
+            for c, (g, m) in enumerate(zip(self.local_groups, self.local_modules, strict=True))
+        ]
+        self.last_rank = problem.group_table[num_groups - 1][0]
+        self.runtime = make_runtime(
+            self.stages,
+            problem.num_microbatches,
+            self._loss,
+            torch_order(problem, schedule.actions),
+        )
+
+    # -- loss ----------------------------------------------------------------------------------
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        return self.user_loss(output, target) * self.loss_scale
+
+    # -- per-layer profiling ----------------------------------------------------------------------
+
+    def instrument_layers(self, on: bool) -> None:
+        """Time each local layer's forward and attribute saved bytes to it (profiling only)."""
+        for h in self._layer_hooks:
+            h.remove()
+        self._layer_hooks = []
+        if not on:
+            return
+        cursor = self.cursor
+        sync = self.device.type == "cuda"
+        starts: dict[int, float] = {}
+        for g, chain in zip(self.local_groups, self.local_modules, strict=True):
+            first = self.bounds[g][0]
+            for i, layer in enumerate(chain.layers):
+                idx = first + i
+
+                def pre(_m: nn.Module, _a: Any, idx: int = idx) -> None:
+                    if sync:  # pragma: no cover - GPU only
+                        torch.cuda.synchronize(self.device)
+                    cursor.current_layer = idx
+                    starts[idx] = time.perf_counter()
+
+                def post(_m: nn.Module, _a: Any, _o: Any, idx: int = idx) -> None:
+                    if sync:  # pragma: no cover - GPU only
+                        torch.cuda.synchronize(self.device)
+                    if torch.is_grad_enabled():
+                        cursor.layer_fwd[idx].append(time.perf_counter() - starts[idx])
+                        if cursor.count_bytes:
+                            cursor.layer_byte_samples[idx] += 1
+                    cursor.current_layer = None
+
+                self._layer_hooks.append(layer.register_forward_pre_hook(pre))
+                self._layer_hooks.append(layer.register_forward_hook(post))
+
+    def layer_costs(self) -> dict[int, tuple[float, float]]:
+        """Per local layer: (forward + share of its chunk's backward) seconds, saved bytes/mb.
+
+        A layer's backward is estimated as its chunk's measured B + W scaled by the layer's
+        share of the chunk's forward time.
+        """
+        cur = self.cursor
+        out: dict[int, tuple[float, float]] = {}
+        for c, g in enumerate(self.local_groups):
+            f = cur.times.get(("F", c), [])
+            bw = cur.times.get(("B", c), []) + cur.times.get(("W", c), [])
+            ratio = (sum(bw) / max(sum(f), 1e-12)) if f else 2.0
+            a, b = self.bounds[g]
+            for idx in range(a, b):
+                ts = cur.layer_fwd.get(idx, [])
+                fwd = statistics.median(ts) if ts else 0.0
+                n_saved = cur.layer_byte_samples.get(idx, 0)
+                saved = cur.layer_bytes.get(idx, 0) / n_saved if n_saved else 0.0
+                out[idx] = (fwd * (1.0 + ratio), saved)
+        return out
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.local_modules for p in m.parameters()]
+
+    # -- stepping ------------------------------------------------------------------------------
+
+    def step(self, inputs: Any, targets: Any, grad_scale: float = 1.0) -> torch.Tensor:
+        """Forward and backward of one batch; gradients accumulate into ``.grad``.
+
+        The loss of each microbatch is multiplied by ``grad_scale / M`` before its backward (so
+        ``grad_scale = 1/accumulate_grad_batches`` reproduces Lightning's accumulation); the return
+        value is the batch's mean loss (unscaled), identical on every rank of the pipeline.
+        """
+        m = self.problem.num_microbatches
+        self.loss_scale = grad_scale / m
+        self.cursor.reset()
+        losses: list[torch.Tensor] = []
+        inputs = _to_device(inputs, self.device)
+        targets = _to_device(targets, self.device)
+        run_step(self.runtime, inputs, targets, losses)
+        if not self.cursor.finished():
+            raise RuntimeError(
+                f"rank {self.pp_rank} ran only {self.cursor.pos} of "
+                f"{len(self.cursor.actions)} actions of the schedule"
+            )
+        loss = self._broadcast_loss(losses)
+        leaked = [k for k, st in self.offload.stores.items() if st.entries]
+        if leaked:
+            raise RuntimeError(f"activation stores {leaked} were not released by their W/BW")
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """Forward only (torch's ``eval``): the batch's mean loss on every rank, no gradients."""
+        m = self.problem.num_microbatches
+        self.loss_scale = 1.0 / m
+        self.cursor.reset()
+        losses: list[torch.Tensor] = []
+        run_eval(
+            self.runtime, _to_device(inputs, self.device), _to_device(targets, self.device), losses
+        )
+        return self._broadcast_loss(losses)
+
+    def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        m = self.problem.num_microbatches
+        if self.pp_rank == self.last_rank:
+            total = torch.stack([x.detach().float() for x in losses]).sum() / self.loss_scale / m
+            loss = total.reshape(1).to(self.device)
+        else:
+            loss = torch.zeros(1, device=self.device)
+        if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
+            dist.broadcast(loss, group=self.pp_group, group_src=self.last_rank)
+        return loss[0]
+
+    def switch(self, schedule: Schedule, problem: Problem | None = None) -> None:
+        """Run ``schedule`` from the next step on (call on every rank at the same step boundary).
+
+        The schedule is validated against its own problem (``problem``, else the one embedded in
+        it, else the current one), which must have the same shape: stages, microbatches, chunks
+        and placement (the partition of layers does not change).
+        """
+        target = problem or schedule.problem or self.problem
+        shape = ("num_stages", "num_microbatches", "num_chunks", "placement")
+        if any(getattr(target, k) != getattr(self.problem, k) for k in shape):
+            raise ScheduleRejectedError(
+                f"schedule {schedule.generator!r} is for a pipeline of another shape "
+                f"({', '.join(f'{k}={getattr(target, k)}' for k in shape)}); a switch keeps "
+                "stages, microbatches, chunks and placement"
+            )
+        validate_for_execution(target, schedule)
+        load_order(self.runtime, torch_order(target, schedule.actions))
+        self.cursor.set_actions(schedule.actions[self.pp_rank])
+        self.schedule = schedule
+        self.problem = target
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, tuple | list):
+        return type(x)(_to_device(v, device) for v in x)
+    return x

@@ -1,0 +1,156 @@
+"""Which schedule runs: the problem before and after profiling, and the schedule chosen for it.
+
+- ``chunks_for(name)``: V-shape schedules run 2 chunks per device (vshape placement), interleaved
+  1F1B 2 chunks (interleaved placement), everything else 1.
+- ``initial_problem``: before any measurement, costs proportional to the layers' relative costs
+  (unit per layer by default) and no memory limit -- enough to order ops safely.
+- ``choose_schedule``: a baseline by name, or ``"optimal"`` (the solver when it is installed, else
+  the best feasible baseline); always simulator-checked; ``NoScheduleError`` with the reason when
+  nothing fits.
+- ``profiling_schedule``: what the profiling steps run: all forwards, then for each microbatch in
+  reverse order B then W on every stage (split backward, one op at a time per stage), so every op
+  kind is timed on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+from ..schedule import Action, Problem, Schedule, simulate
+from ..schedule.baselines import BASELINE_NAMES, NotApplicable, generate, make_schedule
+
+log = logging.getLogger(__name__)
+
+V_SCHEDULES = ("zbv", "v-half", "v-min")
+INTERLEAVED_SCHEDULES = ("interleaved-1f1b",)
+SCHEDULE_CHOICES = ("optimal", *BASELINE_NAMES)
+
+
+class NoScheduleError(ValueError):
+    """No schedule fits this pipeline (memory limit, microbatch count); the message says why."""
+
+
+def chunks_for(
+    name: str, num_chunks: int | None = None
+) -> tuple[int, Literal["interleaved", "vshape"]]:
+    """(chunks per device, placement) a schedule name runs with."""
+    if name in V_SCHEDULES:
+        return 2, "vshape"
+    if name in INTERLEAVED_SCHEDULES:
+        return max(num_chunks or 2, 2), "interleaved"
+    if num_chunks and num_chunks > 1:
+        return num_chunks, "interleaved"
+    return 1, "interleaved"
+
+
+def initial_problem(
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int,
+    placement: Literal["interleaved", "vshape"],
+    group_costs: Sequence[float],
+) -> Problem:
+    """Costs proportional to each layer group's relative cost; F = B = W; no memory limit."""
+    p, v = num_stages, num_chunks
+    probe = Problem(
+        num_stages=p,
+        num_microbatches=num_microbatches,
+        num_chunks=v,
+        placement=placement,
+        t_f=1.0,
+        t_b=1.0,
+        t_w=1.0,
+    )
+    cost = [
+        [max(float(group_costs[probe.group_of(s, c)]), 1e-9) for c in range(v)] for s in range(p)
+    ]
+    return probe.with_changes(t_f=cost, t_b=cost, t_w=cost, name="unprofiled")
+
+
+def profiling_schedule(problem: Problem) -> Schedule:
+    """All F in layer order, then per microbatch (last first) B and W; one op at a time."""
+    p, m = problem.num_stages, problem.num_microbatches
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    for mb in range(m):
+        for g in range(problem.num_virtual_stages):
+            s, c = problem.group_table[g]
+            rows[s].append(Action("F", mb, c))
+    for mb in reversed(range(m)):
+        for g in reversed(range(problem.num_virtual_stages)):
+            s, c = problem.group_table[g]
+            rows[s].append(Action("B", mb, c))
+            rows[s].append(Action("W", mb, c))
+    return make_schedule(
+        problem.with_changes(memory_limit=None, offload=None), "optpipe-profiling", rows
+    )
+
+
+def _feasible(problem: Problem, schedule: Schedule) -> bool:
+    return simulate(problem, schedule.actions).feasible
+
+
+def choose_schedule(
+    name: str,
+    problem: Problem,
+    solver_backend: str = "auto",
+    time_limit: float = 30.0,
+) -> Schedule:
+    """The schedule to run for ``problem``; feasible by the simulator, or ``NoScheduleError``."""
+    if name != "optimal":
+        if name not in BASELINE_NAMES:
+            raise NoScheduleError(
+                f"unknown schedule {name!r}; one of {', '.join(SCHEDULE_CHOICES)}"
+            )
+        try:
+            sched = generate(name, problem)
+        except NotApplicable as e:
+            raise NoScheduleError(f"schedule {name!r} does not apply: {e}") from e
+        if not _feasible(problem, sched):
+            ev = simulate(problem, sched.actions).evaluation
+            why = "; ".join(v.message for v in ev.violations[:2])
+            raise NoScheduleError(
+                f"schedule {name!r} does not fit this pipeline: {why}; raise memory_limit, "
+                "allow offload, use more microbatches/stages or schedule='optimal'"
+            )
+        return sched
+    best: Schedule | None = None
+    best_span = float("inf")
+    try:
+        from ..solver import InfeasibleMemoryLimit, solve
+    except ImportError:  # the solver is optional at run time: the best baseline is used
+        pass
+    else:
+        try:
+            res = solve(problem, backend=solver_backend, time_limit=time_limit)
+            if _feasible(problem, res.schedule):
+                best = res.schedule
+                best_span = float(simulate(problem, res.schedule.actions).makespan or best_span)
+        except InfeasibleMemoryLimit as e:
+            raise NoScheduleError(
+                f"no schedule fits the memory limit: {e}; raise memory_limit"
+                + ("" if problem.offload else " or enable offload")
+            ) from e
+        except Exception as e:  # the solver failing must not stop training: fall back
+            log.warning("optpipe: solver failed (%s); using the best baseline", e)
+    for base in BASELINE_NAMES:
+        try:
+            sched = generate(base, problem)
+        except (NotApplicable, ImportError, KeyError):
+            continue
+        except Exception as e:  # a broken generator must not stop training
+            log.debug("optpipe: baseline %s failed: %s", base, e)
+            continue
+        res_sim = simulate(problem, sched.actions)
+        if res_sim.feasible and (res_sim.makespan or float("inf")) < best_span - 1e-12:
+            best, best_span = sched, float(res_sim.makespan or float("inf"))
+    if best is None:
+        lim = problem.memory_limits()
+        raise NoScheduleError(
+            f"no schedule fits the memory limit {lim} bytes per stage for "
+            f"{problem.num_microbatches} microbatches on {problem.num_stages} stages"
+            + ("" if problem.offload else " (offload is off)")
+            + "; raise memory_limit, enable offload, or use more stages"
+        )
+    return best

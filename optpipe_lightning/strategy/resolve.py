@@ -1,0 +1,121 @@
+"""Online re-solve: the solver runs in a background process; better schedules switch in.
+
+Global rank 0 starts ``BackgroundSolver`` (a ``spawn`` process running
+``optpipe_lightning.solver.solve`` with an incumbent callback). Each incumbent comes back as
+schedule JSON through a queue. At every optimizer-step boundary, rank 0 drains the queue, keeps the
+best incumbent that the simulator finds feasible on the problem and that beats the running
+schedule by ``min_gain`` (relative makespan), and broadcasts a decision to all ranks
+(``SwitchDecision``); every rank then switches before the next step. So all ranks change schedule
+at the same optimizer-step boundary, and a schedule that fails the simulator never reaches the
+executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+from dataclasses import dataclass
+from typing import Any
+
+from ..schedule import Problem, Schedule, simulate
+
+log = logging.getLogger(__name__)
+
+
+def _solver_main(problem_json: str, backend: str, time_limit: float, out: Any) -> None:
+    """Child process: solve in growing time budgets (each warm-started from the last best) and
+    send each result's schedule as JSON, then ``done``. (The solver's incumbent callback reports
+    makespans only, so schedules come from the solves themselves.)"""
+    try:
+        from ..solver import solve
+
+        problem = Problem.model_validate_json(problem_json)
+        hint: Schedule | None = None
+        budgets = sorted({min(time_limit, b) for b in (1.0, time_limit / 4, time_limit)})
+        for budget in budgets:
+            res = solve(problem, backend=backend, time_limit=budget, hint=hint)
+            hint = res.schedule
+            out.put(("incumbent", res.schedule.to_json()))
+            if res.status == "optimal":
+                break
+    except Exception as e:  # reported to the parent, never raised into training
+        out.put(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        out.put(("done", ""))
+
+
+@dataclass
+class SwitchDecision:
+    """What rank 0 tells every rank at a step boundary."""
+
+    kind: str  # "none" | "switch" | "done"
+    schedule_json: str = ""
+    reason: str = ""
+
+
+class BackgroundSolver:
+    """The solver process and its incumbent queue (global rank 0 only)."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        current_makespan: float,
+        backend: str = "auto",
+        time_limit: float = 60.0,
+        min_gain: float = 0.01,
+        start_method: str = "spawn",
+    ) -> None:
+        self.problem = problem
+        self.best = current_makespan
+        self.min_gain = min_gain
+        self.done = False
+        ctx: Any = mp.get_context(start_method)
+        self.queue: Any = ctx.Queue()
+        self.proc = ctx.Process(
+            target=_solver_main,
+            args=(problem.model_dump_json(), backend, time_limit, self.queue),
+            daemon=True,
+            name="optpipe-solver",
+        )
+        self.proc.start()
+
+    def poll(self) -> SwitchDecision:
+        """Drain the queue: the best new feasible incumbent, if it beats the running schedule."""
+        pick: Schedule | None = None
+        pick_span = self.best
+        while True:
+            try:
+                kind, payload = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "done":
+                self.done = True
+            elif kind == "error":
+                log.warning("optpipe: background solver stopped: %s", payload)
+            elif kind == "incumbent":
+                try:
+                    sched = Schedule.from_json(payload)
+                    res = simulate(self.problem, sched.actions)
+                except Exception as e:
+                    log.warning("optpipe: solver incumbent rejected (%s)", e)
+                    continue
+                span = res.makespan
+                if not res.feasible or span is None:
+                    log.warning("optpipe: solver incumbent rejected by the simulator")
+                    continue
+                if span < pick_span * (1 - self.min_gain):
+                    pick, pick_span = sched, span
+        if pick is not None:
+            reason = f"solver incumbent: predicted {pick_span:.6g}s vs {self.best:.6g}s"
+            self.best = pick_span
+            return SwitchDecision("switch", pick.to_json(), reason)
+        if self.done:
+            return SwitchDecision("done")
+        return SwitchDecision("none")
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.proc.join(timeout=5)
+        self.done = True

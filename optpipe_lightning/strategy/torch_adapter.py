@@ -1,0 +1,190 @@
+"""The one place that touches torch.distributed.pipelining's private API.
+
+Everything private (``_PipelineScheduleRuntime``, ``_Action``, ``_ComputationType``,
+``_prepare_schedule_with_comms``, ``_add_send_recv``) is imported and used here only. The probe at
+import time checks the torch version range and the names we need, and raises
+``UnsupportedTorchError`` with one line naming the fix when they are not there.
+
+Tested range: torch 2.9 <= version < 2.16 (CI runs 2.13.0). Our ops map to torch's letters:
+``F`` -> F (forward), ``B`` -> I (input gradient), ``W`` -> W (weight gradient), ``BW`` -> B (full
+backward). Transfers (OFFLOAD/RELOAD) have no torch action; the stage subclass runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..schedule import Action, Problem
+
+TORCH_MIN = (2, 9)
+TORCH_MAX_EXCLUSIVE = (2, 16)
+
+
+class UnsupportedTorchError(ImportError):
+    """The installed torch lacks the pipelining internals this adapter was tested against."""
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):  # pragma: no cover - exotic builds
+        return (0, 0)
+
+
+def _probe() -> dict[str, Any]:
+    ver = _version_tuple(torch.__version__)
+    if not (TORCH_MIN <= ver < TORCH_MAX_EXCLUSIVE):
+        raise UnsupportedTorchError(
+            f"optpipe's pipeline executor supports torch >= {TORCH_MIN[0]}.{TORCH_MIN[1]} and "
+            f"< {TORCH_MAX_EXCLUSIVE[0]}.{TORCH_MAX_EXCLUSIVE[1]}, found {torch.__version__}; "
+            "install a torch in that range"
+        )
+    try:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining import schedules as sch
+    except ImportError as e:  # pragma: no cover - torch without distributed
+        raise UnsupportedTorchError(
+            f"torch {torch.__version__} has no torch.distributed.pipelining ({e}); "
+            "install a torch build with distributed support"
+        ) from e
+    needed = (
+        "_PipelineScheduleRuntime",
+        "_Action",
+        "_ComputationType",
+        "_add_send_recv",
+        "FORWARD",
+        "BACKWARD_INPUT",
+        "BACKWARD_WEIGHT",
+        "FULL_BACKWARD",
+    )
+    missing = [n for n in needed if not hasattr(sch, n)]
+    runtime = getattr(sch, "_PipelineScheduleRuntime", None)
+    if runtime is not None and not hasattr(runtime, "_prepare_schedule_with_comms"):
+        missing.append("_PipelineScheduleRuntime._prepare_schedule_with_comms")
+    for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        if not hasattr(PipelineStage, meth):
+            missing.append(f"PipelineStage.{meth}")
+    if missing:
+        raise UnsupportedTorchError(
+            f"torch {torch.__version__} lacks pipelining internals {missing}; "
+            f"install torch >= {TORCH_MIN[0]}.{TORCH_MIN[1]}, < "
+            f"{TORCH_MAX_EXCLUSIVE[0]}.{TORCH_MAX_EXCLUSIVE[1]}"
+        )
+    return {"sch": sch, "PipelineStage": PipelineStage}
+
+
+_T = _probe()
+_sch = _T["sch"]
+PipelineStage = _T["PipelineStage"]
+_OP_TO_TORCH = {
+    "F": _sch.FORWARD,
+    "B": _sch.BACKWARD_INPUT,
+    "W": _sch.BACKWARD_WEIGHT,
+    "BW": _sch.FULL_BACKWARD,
+}
+
+TorchOrder = dict[int, list[Any]]
+
+
+class LoweringError(ValueError):
+    """torch could not lower the compute order to one with communication (it would hang)."""
+
+
+def torch_order(problem: Problem, actions: Sequence[Sequence[Action]]) -> TorchOrder:
+    """Our per-device action lists as torch's compute-only pipeline order (rank -> actions).
+
+    Torch's stage index is the layer group (position in the model); its rank is our device.
+    Transfers are dropped: they are not torch actions.
+    """
+    order: TorchOrder = {}
+    for s, row in enumerate(actions):
+        out = []
+        for a in row:
+            kind = _OP_TO_TORCH.get(a.op)
+            if kind is None:
+                continue
+            out.append(_sch._Action(problem.group_of(s, a.chunk), kind, a.mb))
+        order[s] = out
+    return order
+
+
+def check_lowering(problem: Problem, actions: Sequence[Sequence[Action]]) -> None:
+    """Lower the order with torch's own pass, without a process group; raise if it cannot progress.
+
+    This is the cheap deadlock check torch offers: ``_add_send_recv`` raises when cross-rank order
+    cannot make progress. Run before any process group traffic, so a bad order never hangs.
+    """
+    order = torch_order(problem, actions)
+    stage_to_rank = {
+        problem.group_of(s, c): s
+        for s in range(problem.num_stages)
+        for c in range(problem.num_chunks)
+    }
+    try:
+        _sch._add_send_recv(
+            {r: list(row) for r, row in order.items()},
+            stage_to_rank=lambda g: stage_to_rank[g],
+            num_stages=problem.num_virtual_stages,
+        )
+    except Exception as e:
+        raise LoweringError(f"torch cannot lower this schedule ({e})") from e
+
+
+def make_runtime(
+    stages: list[Any],
+    num_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    order: TorchOrder,
+) -> Any:
+    """A ``_PipelineScheduleRuntime`` over the local stages, loaded with the compute-only order.
+
+    ``scale_grads=False``: gradients are never divided behind the user's back; the loss function
+    given here already carries the 1/M (and accumulation) factor.
+    """
+    runtime = _sch._PipelineScheduleRuntime(
+        stages, num_microbatches, loss_fn=loss_fn, scale_grads=False
+    )
+    load_order(runtime, order)
+    return runtime
+
+
+def load_order(runtime: Any, order: TorchOrder) -> None:
+    """Replace the runtime's schedule (used at a switch, between steps)."""
+    runtime.pipeline_order = {r: list(row) for r, row in order.items()}
+    runtime._prepare_schedule_with_comms(runtime.pipeline_order)
+
+
+def run_step(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:
+    """One pipelined step: first stage gives inputs, last gives targets, losses filled last."""
+    if inputs is None:
+        runtime.step(target=targets, losses=losses, return_outputs=False)
+    else:
+        runtime.step(inputs, target=targets, losses=losses, return_outputs=False)
+
+
+def run_eval(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:
+    """Forward-only pass: the loaded order's forwards, lowered on their own (torch's ``eval``
+    would still walk the backward actions, which breaks V-shape local hand-offs)."""
+    full = runtime.pipeline_order_with_comms
+    cached = getattr(runtime, "_optpipe_eval", None)
+    if cached is None or cached[0] is not full:
+        forwards = {
+            r: [a for a in row if a is not None and a.computation_type == _sch.FORWARD]
+            for r, row in runtime.pipeline_order.items()
+        }
+        lowered = _sch._add_send_recv(
+            forwards,
+            stage_to_rank=lambda g: runtime.stage_index_to_group_rank[g],
+            num_stages=runtime._num_stages,
+        )
+        cached = (full, lowered)
+        runtime._optpipe_eval = cached
+    runtime.pipeline_order_with_comms = cached[1]
+    try:
+        runtime.eval(inputs, target=targets, losses=losses)
+    finally:
+        runtime.pipeline_order_with_comms = full

@@ -1,0 +1,175 @@
+"""Single-process pieces: partition, contract, adapter mapping, offload store, planner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from optpipe_lightning.schedule import Action, Problem
+from optpipe_lightning.schedule.baselines import generate, make_schedule
+from optpipe_lightning.strategy.contract import ContractError, LayerChain, PipelineSpec, get_spec
+from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_for_execution
+from optpipe_lightning.strategy.offload import OffloadManager, OffloadStateError, StoreState
+from optpipe_lightning.strategy.partition import (
+    PartitionError,
+    balanced_partition,
+    validate_partition,
+)
+from optpipe_lightning.strategy.planner import NoScheduleError, choose_schedule, profiling_schedule
+from optpipe_lightning.strategy.torch_adapter import check_lowering, torch_order
+
+
+def test_balanced_partition_minimises_the_largest_group() -> None:
+    assert balanced_partition([1, 1, 1, 1, 4], 2) == [4, 1]
+    assert balanced_partition([3, 1, 1, 1, 1, 1], 3) == [1, 2, 3]
+    assert balanced_partition([1.0] * 8, 4) == [2, 2, 2, 2]
+    # memory: group of layers 0-2 would hold 3 bytes over a limit of 2
+    assert balanced_partition([1, 1, 1, 10], 2, memory=[1, 1, 1, 1], memory_limit=2) == [2, 2]
+    with pytest.raises(PartitionError, match="only 3 layers"):
+        balanced_partition([1, 1, 1], 4)
+    with pytest.raises(PartitionError, match="fits the memory limit"):
+        balanced_partition([1, 1], 2, memory=[5, 5], memory_limit=1)
+    with pytest.raises(PartitionError, match="covers 5 layers"):
+        validate_partition([2, 3], 6, 2)
+
+
+def test_contract_errors_name_the_fix() -> None:
+    class NoHook(nn.Module):
+        pass
+
+    with pytest.raises(ContractError, match="has no configure_pipeline"):
+        get_spec(NoHook())
+
+    class Stray(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+
+        def configure_pipeline(self) -> PipelineSpec:
+            return PipelineSpec(layers=[self.a], loss_fn=nn.functional.mse_loss)
+
+    with pytest.raises(ContractError, match=r"\['b.weight'"):
+        get_spec(Stray())
+
+
+def test_layer_chain_spreads_tuples() -> None:
+    class Two(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, 2 * x
+
+    class Add(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    assert torch.equal(LayerChain([Two(), Add()])(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def _problem(p: int = 2, m: int = 4, v: int = 1, **kw: object) -> Problem:
+    return Problem(
+        num_stages=p,
+        num_microbatches=m,
+        num_chunks=v,
+        placement="vshape" if v == 2 else "interleaved",
+        t_f=1.0,
+        t_b=1.0,
+        t_w=1.0,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def test_torch_order_letters_and_vshape_groups() -> None:
+    pb = _problem(v=2)
+    sched = generate("zbv", pb)
+    order = torch_order(pb, sched.actions)
+    letters = {str(a)[len(str(a.stage_index))] for row in order.values() for a in row}
+    assert letters == {"F", "I", "W"}  # B -> I (input grad), W -> W
+    # V-shape: device 0 holds groups 0 and 3, device 1 groups 1 and 2
+    assert {a.stage_index for a in order[0]} == {0, 3}
+    assert {a.stage_index for a in order[1]} == {1, 2}
+    fused = torch_order(_problem(), generate("1f1b", _problem()).actions)
+    assert {str(a)[1] for a in fused[0]} == {"F", "B"}  # BW -> B (full backward)
+    check_lowering(pb, sched.actions)
+
+
+def test_rejects_infeasible_orders() -> None:
+    pb = _problem()
+    rows = [
+        [Action("F", i) for i in range(4)] + [Action("BW", i) for i in range(4)] for _ in range(2)
+    ]
+    rows[0] = [Action("BW", 0), *rows[0][:4], *rows[0][5:]]  # backward before its forward
+    bad = make_schedule(pb, "bad", rows)
+    with pytest.raises(ScheduleRejectedError, match="not feasible"):
+        validate_for_execution(pb, bad)
+    tight = pb.with_changes(memory_limit=1.5)
+    with pytest.raises(ScheduleRejectedError, match="over its limit"):
+        validate_for_execution(tight, make_schedule(tight, "gpipe", generate("gpipe", pb).actions))
+
+
+def test_choose_schedule_reports_memory_that_nothing_fits() -> None:
+    pb = _problem(memory_limit=0.5)
+    with pytest.raises(NoScheduleError, match=r"does not fit|no schedule fits"):
+        choose_schedule("1f1b", pb)
+    with pytest.raises(NoScheduleError):
+        choose_schedule("optimal", pb, time_limit=1.0)
+    with pytest.raises(NoScheduleError, match="unknown schedule"):
+        choose_schedule("2f2b", _problem())
+
+
+def test_profiling_schedule_is_feasible_and_split() -> None:
+    pb = _problem(p=3, m=3, v=2)
+    sched = profiling_schedule(pb)
+    assert sched.evaluation is not None and sched.evaluation.feasible
+    assert {a.op for row in sched.actions for a in row} == {"F", "B", "W"}
+
+
+def test_offload_store_moves_saved_tensors_and_restores_them() -> None:
+    w = nn.Parameter(torch.randn(4, 4))
+    mgr = OffloadManager(torch.device("cpu"), [w], min_bytes=0)
+    key = (0, 0, 0)
+    x = torch.randn(3, 4, requires_grad=True)
+    with mgr.store(key).hooks():
+        y = torch.tanh(x @ w).sum()
+    st = mgr.stores[key]
+    assert st.state is StoreState.SAVED
+    kept = [e for e in st.entries if e.keep]
+    assert kept  # the weight is saved by matmul and is never moved
+    mgr.offload(key)
+    assert st.state is StoreState.OFFLOADED
+    assert all(e.device_tensor is None for e in st.entries if not e.keep)
+    assert mgr.offloaded_total == sum(
+        e.host_tensor.numel() * e.host_tensor.element_size()
+        for e in st.entries
+        if e.host_tensor is not None
+    )
+    with pytest.raises(OffloadStateError, match="RELOAD was not issued"):
+        y.backward(retain_graph=True)
+    mgr.reload(key)
+    y.backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    torch.tanh(ref_x @ w.detach()).sum().backward()
+    assert x.grad is not None and ref_x.grad is not None
+    assert torch.equal(x.grad, ref_x.grad)
+    with pytest.raises(OffloadStateError, match="in state reloaded"):
+        mgr.offload(key)
+    mgr.release(key)
+    assert key not in mgr.stores
+
+
+def test_every_baseline_passes_the_simulator_and_torch_lowering() -> None:
+    from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable
+    from optpipe_lightning.strategy.planner import chunks_for, initial_problem
+
+    checked = 0
+    for p in (2, 4):
+        for m in (p, p + 1, 2 * p):
+            for name in BASELINE_NAMES:
+                v, placement = chunks_for(name)
+                pb = initial_problem(p, m, v, placement, [1.0] * (p * v))
+                try:
+                    sched = generate(name, pb)
+                except NotApplicable:
+                    continue
+                validate_for_execution(pb, sched)
+                checked += 1
+    assert checked >= 40
