@@ -44,6 +44,7 @@ def problems(
         t_f=per_stage(times),
         t_b=per_stage(times),
         t_w=per_stage(st.floats(0.0, 2.0).map(lambda x: round(x, 3))),
+        t_bw=per_stage(times) if draw(st.integers(0, 3)) == 0 else None,
         t_comm=draw(st.sampled_from([0.0, 0.05, 0.3])),
         m_f=mf,
         m_b=-mf * frac,

@@ -127,3 +127,15 @@ def test_problem_hash_ignores_spelling() -> None:
     b = Problem(num_stages=2, num_microbatches=2, t_f=[1.0, 1.0], t_b=[[1.0], [1.0]], t_w=1)
     assert a.hash == b.hash
     assert a.hash != a.with_changes(num_microbatches=3).hash
+
+
+def test_fused_backward_cost_is_used_for_bw_only() -> None:
+    pb = Problem(num_stages=2, num_microbatches=4, t_f=1, t_b=1.5, t_w=0.5, t_bw=1.6)
+    fused = simulate(pb, one_f_one_b_rows(2, 4)).evaluation
+    split = simulate(pb, one_f_one_b_rows(2, 4, fused=False)).evaluation
+    assert fused.makespan == pytest.approx(4 * 2.6 + 2.6)
+    assert split.makespan == pytest.approx(4 * 3.0 + 2.5)  # the gradient leaves after B
+    # without t_bw the hash is what it was; with it, it differs
+    plain = Problem(num_stages=2, num_microbatches=4, t_f=1, t_b=1.5, t_w=0.5)
+    assert plain.with_changes(t_bw=None).hash == plain.hash != pb.hash
+    assert (plain.cost("t_bw") == 2.0).all()

@@ -2,7 +2,8 @@
 
 Every bound holds for every valid schedule (any order, fused or split backward, any offload
 decision), so ``lower_bound(problem) <= makespan`` of anything the simulator accepts. Notation:
-layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` their op times,
+layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` their op times
+(with a fused backward cheaper than B + W, ``B_g = min(B, BW)`` and ``W_g = min(B + W, BW) - B_g``),
 ``cf_g`` the p2p lag on the forward edge ``g -> g+1`` and ``cb_g`` on the backward edge
 ``g+1 -> g`` (the sending stage's ``t_comm`` when the two groups sit on different devices, else 0).
 ``EF_g = sum_{g'<g} (F_g' + cf_g')`` is the earliest any F of group g can start.
@@ -25,6 +26,8 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from .problem import Problem
 
@@ -62,9 +65,13 @@ def bound_parts(problem: Problem) -> BoundParts:
     G = p * v
     table = pb.group_table
     t_f, t_b, t_w, t_c = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_comm")
+    t_bw = pb.cost("t_bw")
     F = [float(t_f[table[g]]) for g in range(G)]
-    B = [float(t_b[table[g]]) for g in range(G)]
-    W = [float(t_w[table[g]]) for g in range(G)]
+    # A backward hands its gradient on after B (split) or BW (fused), whichever is shorter, and
+    # finishes its group's work no earlier than min(B + W, BW): ``B`` below is the hand-on time
+    # and ``W`` the least extra time until the group's backward work is done.
+    B = [min(float(t_b[table[g]]), float(t_bw[table[g]])) for g in range(G)]
+    W = [min(float(t_b[table[g]] + t_w[table[g]]), float(t_bw[table[g]])) - B[g] for g in range(G)]
     cf = [0.0] * G  # forward edge g -> g+1
     cb = [0.0] * G  # backward edge g+1 -> g
     for g in range(G - 1):
@@ -93,7 +100,7 @@ def bound_parts(problem: Problem) -> BoundParts:
     work_lb = 0.0
     for s in range(p):
         head = min(EF[pb.group_of(s, c)] for c in range(v))
-        work = m * float(t_f[s].sum() + t_b[s].sum() + t_w[s].sum())
+        work = m * float(t_f[s].sum() + np.minimum(t_b[s] + t_w[s], t_bw[s]).sum())
         work_lb = max(work_lb, head + work)
     # 2. forward throughput
     fwd_lb = 0.0

@@ -75,6 +75,10 @@ class Problem(_Strict):
     t_f: PerStage
     t_b: PerStage
     t_w: PerStage
+    t_bw: PerStage | None = Field(
+        default=None,
+        description="seconds of a fused backward (B and W as one op, 'BW'); default t_b + t_w",
+    )
     t_comm: PerStage = 0.0
     m_f: PerStage = 1.0
     m_b: PerStage = -0.5
@@ -83,9 +87,11 @@ class Problem(_Strict):
     offload: OffloadSpec | None = None
     name: str | None = Field(default=None, description="free-form label, not part of the hash")
 
-    @field_validator("t_f", "t_b", "t_w", "t_comm", "m_f", "m_b", "m_w")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_comm", "m_f", "m_b", "m_w")
     @classmethod
-    def _finite(cls, v: PerStage) -> PerStage:
+    def _finite(cls, v: PerStage | None) -> PerStage | None:
+        if v is None:
+            return v
         flat = np.asarray(v if isinstance(v, int | float) else _flatten(v), dtype=float)
         if not np.all(np.isfinite(flat)):
             raise ValueError("must be finite numbers")
@@ -98,6 +104,8 @@ class Problem(_Strict):
         for name in ("t_f", "t_b"):
             if np.any(arrays[name] <= 0):
                 raise ValueError(f"{name} must be > 0 seconds everywhere")
+        if self.t_bw is not None and np.any(expand_per_stage(self.t_bw, p, v, "t_bw") <= 0):
+            raise ValueError("t_bw must be > 0 seconds everywhere (or left out: t_b + t_w)")
         for name in ("t_w", "t_comm"):
             if np.any(arrays[name] < 0):
                 raise ValueError(f"{name} must be >= 0 seconds everywhere")
@@ -139,13 +147,21 @@ class Problem(_Strict):
     # ---- derived views -------------------------------------------------------------------
 
     def cost(self, name: str) -> np.ndarray:
-        """A per-stage field as a ``[stage][chunk]`` float array (read-only)."""
+        """A per-stage field as a ``[stage][chunk]`` float array (read-only).
+
+        Also ``"t_bw"`` (the fused backward, ``t_b + t_w`` unless given) and ``"offload_bytes"``.
+        """
         return self._arrays[name]
 
     @cached_property
     def _arrays(self) -> dict[str, np.ndarray]:
         p, v = self.num_stages, self.num_chunks
         out = {n: expand_per_stage(getattr(self, n), p, v, n) for n in COST_FIELDS}
+        out["t_bw"] = (
+            out["t_b"] + out["t_w"]
+            if self.t_bw is None
+            else expand_per_stage(self.t_bw, p, v, "t_bw")
+        )
         if self.offload is not None:
             out["offload_bytes"] = expand_per_stage(self.offload.bytes, p, v, "offload.bytes")
         else:
@@ -218,6 +234,8 @@ class Problem(_Strict):
             "num_chunks": self.num_chunks,
             "placement": self.placement if self.num_chunks > 1 else "interleaved",
             **{n: self._arrays[n].tolist() for n in COST_FIELDS},
+            # only when given, so problems without it keep their hash
+            **({"t_bw": self._arrays["t_bw"].tolist()} if self.t_bw is not None else {}),
             "memory_limit": self.memory_limits(),
             "offload": None
             if self.offload is None

@@ -80,6 +80,7 @@ class StageProfile(_Strict):
     f: OpStats
     b: OpStats
     w: OpStats
+    bw: OpStats | None = Field(default=None, description="fused backward (B and W as one op)")
     activation_bytes: float = Field(ge=0, description="bytes an F leaves for its B and W")
     weight_grad_bytes: float = Field(
         default=0.0, ge=0, description="part of activation_bytes that only W frees"
@@ -135,6 +136,9 @@ class Profile(_Strict):
             t_f=field(lambda x: x.f.mean),
             t_b=field(lambda x: x.b.mean),
             t_w=field(lambda x: x.w.mean),
+            t_bw=field(lambda x: x.bw.mean if x.bw else x.b.mean + x.w.mean)
+            if any(sp.bw is not None for sp in self.stages)
+            else None,
             t_comm=self.p2p_seconds,
             m_f=field(lambda x: x.activation_bytes),
             m_b=field(lambda x: -(x.activation_bytes - x.weight_grad_bytes)),

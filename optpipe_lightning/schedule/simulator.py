@@ -279,7 +279,7 @@ class _Simulator:
         d2h = pb.offload.d2h_bandwidth if pb.offload else 1.0
         h2d = pb.offload.h2d_bandwidth if pb.offload else 1.0
         tf, tb, tw = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w")
-        D = np.stack([tf, tb, tw, tb + tw, pbk / d2h, pbk / h2d])
+        D = np.stack([tf, tb, tw, pb.cost("t_bw"), pbk / d2h, pbk / h2d])
         self.dur = D[code, stage, ch]
         self.is_compute = is_c
 
