@@ -70,7 +70,11 @@ def initial_problem(
 
 
 def profiling_schedule(problem: Problem) -> Schedule:
-    """All F in layer order, then per microbatch (last first) B and W; one op at a time."""
+    """All F in layer order, then per microbatch (last first) its backward; one op at a time.
+
+    Even microbatches run a split backward (B then W), odd ones a fused BW, so one profiling
+    step measures F, B, W and the fused backward (``t_bw``) of every stage and chunk.
+    """
     p, m = problem.num_stages, problem.num_microbatches
     rows: list[list[Action]] = [[] for _ in range(p)]
     for mb in range(m):
@@ -80,8 +84,11 @@ def profiling_schedule(problem: Problem) -> Schedule:
     for mb in reversed(range(m)):
         for g in reversed(range(problem.num_virtual_stages)):
             s, c = problem.group_table[g]
-            rows[s].append(Action("B", mb, c))
-            rows[s].append(Action("W", mb, c))
+            if mb % 2 == 1:
+                rows[s].append(Action("BW", mb, c))
+            else:
+                rows[s].append(Action("B", mb, c))
+                rows[s].append(Action("W", mb, c))
     return make_schedule(
         problem.with_changes(memory_limit=None, offload=None), "optpipe-profiling", rows
     )

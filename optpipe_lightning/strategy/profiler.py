@@ -57,6 +57,7 @@ def local_measurements(
                 "f": cursor.times.get(("F", c), [])[skip:],
                 "b": cursor.times.get(("B", c), [])[skip:],
                 "w": cursor.times.get(("W", c), [])[skip:],
+                "bw": cursor.times.get(("BW", c), [])[skip:],
                 # bytes are counted in the warm-up step only (the hooks would slow the timed ones)
                 "bytes": cursor.saved_bytes.get(c, []),
             }
@@ -86,7 +87,7 @@ def runtime_overhead(
 
 
 def with_overhead(profile: Profile, seconds: float) -> Profile:
-    """The profile with ``seconds`` added to every F, B and W mean (and min/max)."""
+    """The profile with ``seconds`` added to every F, B, W and BW mean (and min/max)."""
     if seconds <= 0:
         return profile
 
@@ -100,7 +101,14 @@ def with_overhead(profile: Profile, seconds: float) -> Profile:
         )
 
     stages = [
-        sp.model_copy(update={"f": bump(sp.f), "b": bump(sp.b), "w": bump(sp.w)})
+        sp.model_copy(
+            update={
+                "f": bump(sp.f),
+                "b": bump(sp.b),
+                "w": bump(sp.w),
+                "bw": None if sp.bw is None else bump(sp.bw),
+            }
+        )
         for sp in profile.stages
     ]
     return profile.model_copy(update={"stages": stages})
@@ -232,6 +240,7 @@ def build_profile(
                     f=_stats(r["f"]),
                     b=_stats(r["b"]),
                     w=_stats(r["w"]),
+                    bw=_stats(r["bw"]) if r.get("bw") else None,
                     activation_bytes=act,
                     # torch's input-gradient pass keeps the graph (retain_graph) until W: W frees all
                     weight_grad_bytes=act,

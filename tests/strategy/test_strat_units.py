@@ -116,11 +116,13 @@ def test_choose_schedule_reports_memory_that_nothing_fits() -> None:
         choose_schedule("2f2b", _problem())
 
 
-def test_profiling_schedule_is_feasible_and_split() -> None:
+def test_profiling_schedule_is_feasible_and_measures_split_and_fused() -> None:
     pb = _problem(p=3, m=3, v=2)
     sched = profiling_schedule(pb)
     assert sched.evaluation is not None and sched.evaluation.feasible
-    assert {a.op for row in sched.actions for a in row} == {"F", "B", "W"}
+    ops = [(a.op, a.mb) for row in sched.actions for a in row]
+    assert {op for op, mb in ops if mb % 2 == 0} == {"F", "B", "W"}
+    assert {op for op, mb in ops if mb % 2 == 1} == {"F", "BW"}
 
 
 def test_offload_store_moves_saved_tensors_and_restores_them() -> None:
