@@ -1,0 +1,426 @@
+"""The CP-SAT backend: fixed-size intervals, one no-overlap per device and per copy channel,
+optional transfer intervals per offload decision, and one memory reservoir per device.
+
+Model (all times integer ticks, see ``ticks``): for every (group g, microbatch j) a start for F,
+B, W; F(g, j) after F(g-1, j) plus the hop, B(g, j) after F(g, j) and after B(g+1, j) plus the
+hop, W after B. Where memory is limited and offload allowed, a Boolean ``o`` per activation with
+optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B after RELOAD). Memory
+per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
+m_w at W end, -bytes at OFFLOAD end and +bytes at RELOAD start when ``o``; events at one instant
+net out, as in the simulator. Symmetry breaking: ops of one kind on one group run in microbatch
+order. The objective is the makespan.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from ..schedule.problem import Problem
+from .ticks import OpKey, TickModel
+
+SolutionFn = Callable[[dict[OpKey, int], dict[OpKey, int], int, int], None]
+
+
+@dataclass
+class CpOutcome:
+    status: str  # "optimal" | "feasible" | "infeasible" | "unknown"
+    objective: int | None
+    bound: int | None
+    wall_time: float
+    starts: dict[OpKey, int] = field(default_factory=dict)
+    ends: dict[OpKey, int] = field(default_factory=dict)
+
+
+def memory_scale(problem: Problem) -> float:
+    """Factor that turns every memory delta and limit into (nearly exact) integers."""
+    vals = [
+        abs(float(x))
+        for n in ("m_f", "m_b", "m_w", "offload_bytes")
+        for x in problem.cost(n).ravel()
+    ]
+    vals = [x for x in vals if x > 0]
+    if not vals:
+        return 1.0
+    for k in range(0, 7):
+        sc = 10.0**k
+        if all(abs(x * sc - round(x * sc)) <= 1e-9 * max(1.0, x * sc) for x in vals):
+            if max(vals) * sc < 2**40:
+                return sc
+            break
+    return 1e6 / max(vals)  # 1e-6 of the largest delta per unit; allocations rounded up
+
+
+class _Model:
+    def __init__(
+        self,
+        problem: Problem,
+        tm: TickModel,
+        horizon: int,
+        lb: int,
+        tight: bool,
+        window: int | None = None,
+    ) -> None:
+        pb = problem
+        self.pb = pb
+        self.tm = tm
+        md = cp_model.CpModel()
+        self.model = md
+        p, v, m = pb.num_stages, pb.num_chunks, pb.num_microbatches
+        G = p * v
+        table = pb.group_table
+        limits = pb.memory_limits()
+        ob = pb.cost("offload_bytes")
+        use_off = pb.offload is not None and any(x is not None for x in limits)
+        self.start: dict[OpKey, cp_model.IntVar] = {}
+        self.dur: dict[OpKey, int] = {}
+        self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
+        dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
+        chan = pb.channel_of()
+        chan_iv: dict[int, list[cp_model.IntervalVar]] = {}
+        sc = memory_scale(pb)
+
+        def mem(x: float) -> int:
+            return round(x * sc)
+
+        res_times: list[list[cp_model.LinearExprT]] = [[] for _ in range(p)]
+        res_deltas: list[list[int]] = [[] for _ in range(p)]
+        res_active: list[list[cp_model.LiteralT]] = [[] for _ in range(p)]
+        ms = md.new_int_var(lb, horizon, "makespan")
+        self.makespan = ms
+        deps: dict[OpKey, list[tuple[OpKey, int]]] = {}
+        self.deps = deps
+        for g in range(G):
+            s, c = table[g]
+            for j in range(m):
+                for op in ("F", "B", "W"):
+                    d = tm.duration(op, s, c)
+                    key = (op, s, c, j)
+                    x = md.new_int_var(0, max(0, horizon - d), f"{op}{s}.{c}.{j}")
+                    self.start[key] = x
+                    self.dur[key] = d
+                    dev_iv[s].append(md.new_fixed_size_interval_var(x, d, f"i{op}{s}.{c}.{j}"))
+        for g in range(G):
+            s, c = table[g]
+            lag_in = (
+                tm.comm[table[g - 1][0]][table[g - 1][1]] if g > 0 and table[g - 1][0] != s else 0
+            )
+            lag_back = (
+                tm.comm[table[g + 1][0]][table[g + 1][1]]
+                if g < G - 1 and table[g + 1][0] != s
+                else 0
+            )
+            offloadable = use_off and ob[s, c] > 0 and limits[s] is not None
+            for j in range(m):
+                F, B, W = (
+                    self.start[("F", s, c, j)],
+                    self.start[("B", s, c, j)],
+                    self.start[("W", s, c, j)],
+                )
+                df, db, dw = (
+                    self.dur[("F", s, c, j)],
+                    self.dur[("B", s, c, j)],
+                    self.dur[("W", s, c, j)],
+                )
+                kF, kB, kW = ("F", s, c, j), ("B", s, c, j), ("W", s, c, j)
+                deps[kF], deps[kB], deps[kW] = [], [(kF, 0)], [(kB, 0)]
+                if g > 0:
+                    ps, pc = table[g - 1]
+                    md.add(self.start[("F", ps, pc, j)] + self.dur[("F", ps, pc, j)] + lag_in <= F)
+                    deps[kF].append((("F", ps, pc, j), lag_in))
+                md.add(F + df <= B)
+                if g < G - 1:
+                    ns, nc = table[g + 1]
+                    md.add(
+                        self.start[("B", ns, nc, j)] + self.dur[("B", ns, nc, j)] + lag_back <= B
+                    )
+                    deps[kB].append((("B", ns, nc, j), lag_back))
+                md.add(B + db <= W)
+                md.add(ms >= W + dw)
+                if j + 1 < m:  # symmetry breaking: microbatch order per kind and group
+                    for op, d in (("F", df), ("B", db), ("W", dw)):
+                        md.add(self.start[(op, s, c, j + 1)] >= self.start[(op, s, c, j)] + d)
+                if limits[s] is not None:
+                    for t, dlt in (
+                        (F + df, pb.cost("m_f")[s, c]),
+                        (B + db, pb.cost("m_b")[s, c]),
+                        (W + dw, pb.cost("m_w")[s, c]),
+                    ):
+                        res_times[s].append(t)
+                        res_deltas[s].append(mem(float(dlt)))
+                        res_active[s].append(True)
+                if offloadable:
+                    o = md.new_bool_var(f"o{s}.{c}.{j}")
+                    self.offload[(s, c, j)] = o
+                    d_off, d_rel = tm.t_off[s][c], tm.t_rel[s][c]
+                    so = md.new_int_var(0, horizon, f"off{s}.{c}.{j}")
+                    sr = md.new_int_var(0, horizon, f"rel{s}.{c}.{j}")
+                    self.start[("OFFLOAD", s, c, j)] = so
+                    self.start[("RELOAD", s, c, j)] = sr
+                    self.dur[("OFFLOAD", s, c, j)] = d_off
+                    self.dur[("RELOAD", s, c, j)] = d_rel
+                    iv_o = md.new_optional_fixed_size_interval_var(so, d_off, o, f"io{s}.{c}.{j}")
+                    iv_r = md.new_optional_fixed_size_interval_var(sr, d_rel, o, f"ir{s}.{c}.{j}")
+                    chan_iv.setdefault(chan[s], []).extend([iv_o, iv_r])
+                    md.add(so >= F + df).only_enforce_if(o)
+                    md.add(sr >= so + d_off).only_enforce_if(o)
+                    md.add(sr + d_rel <= B).only_enforce_if(o)
+                    md.add(so == 0).only_enforce_if(~o)
+                    md.add(sr == 0).only_enforce_if(~o)
+                    kO, kR = ("OFFLOAD", s, c, j), ("RELOAD", s, c, j)
+                    deps[kO] = [(kF, 0)]
+                    deps[kR] = [(kO, 0)]
+                    deps[kB].append((kR, 0))
+                    b = mem(float(ob[s, c]))
+                    res_times[s] += [so + d_off, sr]
+                    res_deltas[s] += [-b, b]
+                    res_active[s] += [o, o]
+        for s in range(p):
+            md.add_no_overlap(dev_iv[s])
+        for ivs in chan_iv.values():
+            md.add_no_overlap(ivs)
+        for s in range(p):
+            lim = limits[s]
+            if lim is None:
+                continue
+            cap = math.floor(lim * sc * (1 + 1e-12) + 1e-9)
+            low = -sum(abs(x) for x in res_deltas[s]) - 1
+            md.add_reservoir_constraint_with_active(
+                res_times[s], res_deltas[s], res_active[s], min(low, 0), max(cap, 0)
+            )
+        self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
+        if tight:
+            self._add_no_voluntary_idle(window)
+        md.minimize(ms)
+
+    def _active(self, key: OpKey) -> cp_model.IntVar | None:
+        op, s, c, j = key
+        return self.offload[(s, c, j)] if op in ("OFFLOAD", "RELOAD") else None
+
+    def _add_no_voluntary_idle(self, window: int | None) -> None:
+        """Only timings the simulator reproduces (see ``tight_options``)."""
+        md = self.model
+        options = tight_options(self.pb, list(self.start), self.deps, window)
+        for key, opts in options.items():
+            lits = []
+            for a, lag in opts:
+                lit = md.new_bool_var("")
+                if a is None:
+                    md.add(self.start[key] == 0).only_enforce_if(lit)
+                else:
+                    md.add(self.start[key] == self.start[a] + self.dur[a] + lag).only_enforce_if(
+                        lit
+                    )
+                    act = self._active(a)
+                    if act is not None:
+                        md.add_implication(lit, act)
+                self.tight.append((lit, key, a, lag))
+                lits.append(lit)
+            act = self._active(key)
+            if act is None:
+                md.add_bool_or(lits)
+            else:
+                md.add_bool_or(lits).only_enforce_if(act)
+
+    def add_hint(self, starts: dict[OpKey, int], offloaded: set[tuple[int, int, int]]) -> None:
+        md = self.model
+        mk = 0
+        for key, var in self.start.items():
+            op, s, c, j = key
+            if op in ("OFFLOAD", "RELOAD"):
+                val = starts.get(key, 0) if (s, c, j) in offloaded else 0
+            else:
+                val = starts[key]
+                mk = max(mk, val + self.dur[key])
+            md.add_hint(var, val)
+        for sj, o in self.offload.items():
+            md.add_hint(o, sj in offloaded)
+        md.add_hint(self.makespan, mk)
+
+        def on(k: OpKey) -> bool:
+            return k[0] not in ("OFFLOAD", "RELOAD") or (k[1], k[2], k[3]) in offloaded
+
+        for lit, b, a, lag in self.tight:
+            if a is None:
+                val = on(b) and starts.get(b, -1) == 0
+            else:
+                val = (
+                    on(a)
+                    and on(b)
+                    and b in starts
+                    and a in starts
+                    and starts[b] == starts[a] + self.dur[a] + lag
+                )
+            md.add_hint(lit, bool(val))
+
+    def values(
+        self, get: Callable[[cp_model.IntVar], int], get_bool: Callable[[cp_model.IntVar], bool]
+    ) -> tuple[dict[OpKey, int], dict[OpKey, int]]:
+        starts: dict[OpKey, int] = {}
+        ends: dict[OpKey, int] = {}
+        for key, var in self.start.items():
+            op, s, c, j = key
+            if op in ("OFFLOAD", "RELOAD") and not get_bool(self.offload[(s, c, j)]):
+                continue
+            st = int(get(var))
+            starts[key] = st
+            ends[key] = st + self.dur[key]
+        return starts, ends
+
+
+class _Callback(cp_model.CpSolverSolutionCallback):
+    def __init__(self, model: _Model, fn: SolutionFn | None) -> None:
+        super().__init__()
+        self._m = model
+        self._fn = fn
+        self.best: tuple[dict[OpKey, int], dict[OpKey, int]] | None = None
+
+    def on_solution_callback(self) -> None:
+        starts, ends = self._m.values(self.value, self.boolean_value)
+        self.best = (starts, ends)
+        if self._fn is not None:
+            self._fn(starts, ends, int(self.objective_value), int(self.best_objective_bound))
+
+
+def solve_cpsat(
+    problem: Problem,
+    tm: TickModel,
+    *,
+    horizon: int,
+    lower_bound: int,
+    hint: tuple[dict[OpKey, int], set[tuple[int, int, int]]] | None,
+    time_limit: float,
+    gap_target: float,
+    seed: int,
+    workers: int,
+    on_solution: SolutionFn | None,
+    stop: threading.Event | None,
+    deterministic_time: float | None = None,
+    tight: bool = True,
+    window: int | None = None,
+) -> CpOutcome:
+    """Build and solve the CP-SAT model; every solution goes to ``on_solution``.
+
+    ``tight`` (exact model): only timings the simulator reproduces, so the objective is the
+    simulated makespan and the bound is valid; its size grows with the square of the ops per
+    device. Otherwise the relaxation (ops may idle on purpose, e.g. to wait for a copy to free
+    memory): its bound is still valid, its solutions are candidates that the caller re-times
+    and repairs. ``window`` limits which ops may directly precede an op in the tight model to
+    microbatches within that distance (None: all); with a window the bound is not valid.
+    """
+    model = _Model(problem, tm, horizon, lower_bound, tight, window)
+    if hint is not None:
+        model.add_hint(*hint)
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = max(0.01, time_limit)
+    prm.num_workers = max(1, workers)
+    prm.random_seed = seed
+    prm.expand_reservoir_constraints = False
+    if tight:
+        # presolve of the many tightness literals costs seconds before the hint is even seen
+        prm.cp_model_presolve = False
+    prm.relative_gap_limit = max(0.0, gap_target)
+    if deterministic_time is not None:
+        prm.max_deterministic_time = deterministic_time
+    cb = _Callback(model, on_solution)
+    done = threading.Event()
+    watcher = None
+    if stop is not None:
+
+        def watch() -> None:
+            while not done.is_set():
+                if stop.wait(0.05):
+                    solver.stop_search()
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+    try:
+        code = solver.solve(model.model, cb)
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
+    status = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+    }.get(code, "unknown")
+    out = CpOutcome(status, None, None, solver.wall_time)
+    if status in ("optimal", "feasible"):
+        out.objective = int(solver.objective_value)
+        out.bound = math.ceil(solver.best_objective_bound - 1e-9)
+        out.starts, out.ends = model.values(solver.value, solver.boolean_value)
+    elif status == "unknown":
+        bnd = solver.best_objective_bound
+        out.bound = math.ceil(bnd - 1e-9) if math.isfinite(bnd) else None
+    return out
+
+
+def tight_model_size(problem: Problem) -> int:
+    """Estimated literals of the tight model (ops per device times candidate predecessors)."""
+    p, v, m = problem.num_stages, problem.num_chunks, problem.num_microbatches
+    limited = any(x is not None for x in problem.memory_limits())
+    n_c = 3 * m * v
+    n_t = 2 * m * v if (problem.offload is not None and limited) else 0
+    return p * (n_c + n_t) * (n_c + n_t)
+
+
+_CHAIN = {"F": 0, "B": 1, "W": 2}
+
+
+def tight_options(
+    problem: Problem,
+    keys: list[OpKey],
+    deps: dict[OpKey, list[tuple[OpKey, int]]],
+    window: int | None,
+) -> dict[OpKey, list[tuple[OpKey | None, int]]]:
+    """What each op's start may equal in a timing the simulator reproduces.
+
+    The simulator runs every op as early as its list position allows and cannot hold an op
+    back to wait for memory, so a timing it reproduces starts every op at time 0 (``None``), at
+    a dependency's end plus its hop, or exactly when another op of its device ends (a transfer:
+    a compute op of its stage, its issue point, or a transfer of its copy channel). A solution
+    that idles on purpose would be timed earlier there and could break the memory limit.
+    """
+    chan = problem.channel_of()
+    compute: dict[int, list[OpKey]] = {}
+    xfers: dict[int, list[OpKey]] = {}
+    for key in keys:
+        if key[0] in ("OFFLOAD", "RELOAD"):
+            xfers.setdefault(chan[key[1]], []).append(key)
+        else:
+            compute.setdefault(key[1], []).append(key)
+
+    def near(a: OpKey, b: OpKey) -> bool:
+        return window is None or abs(a[3] - b[3]) <= window
+
+    def maybe_before(a: OpKey, b: OpKey) -> bool:
+        if a == b or not near(a, b):
+            return False
+        if a[0] == b[0] and a[1:3] == b[1:3] and a[3] > b[3]:
+            return False  # microbatch order of one kind and chunk
+        # one activation's own chain
+        return not (
+            a[1:] == b[1:] and a[0] in _CHAIN and b[0] in _CHAIN and _CHAIN[a[0]] > _CHAIN[b[0]]
+        )
+
+    out: dict[OpKey, list[tuple[OpKey | None, int]]] = {}
+    for key in keys:
+        s = key[1]
+        opts: list[tuple[OpKey | None, int]] = []
+        if not deps[key]:
+            opts.append((None, 0))
+        opts.extend(deps[key])
+        seen = {d for d, _ in deps[key]}
+        cands = [a for a in compute.get(s, []) if maybe_before(a, key)]
+        if key[0] in ("OFFLOAD", "RELOAD"):
+            cands += [a for a in xfers.get(chan[s], []) if a[1:] != key[1:] and near(a, key)]
+        opts.extend((a, 0) for a in cands if a not in seen)
+        out[key] = opts
+    return out

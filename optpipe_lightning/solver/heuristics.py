@@ -1,0 +1,373 @@
+"""Offload-aware list schedulers: a valid first schedule at once, and the solver's hint.
+
+One event-driven greedy, several rules. Each device runs, whenever it is free, the ready op of
+highest priority: B > F > W (an F only when its activation fits the memory limit at the moment
+it finishes, and only while the stage has fewer than ``inflight`` microbatches in flight). Every
+transfer is issued the way the simulator issues it (after the compute op listed before it), so
+the simulator reproduces the greedy's timing; the simulator still judges every result.
+
+The simulator runs each op as soon as its list position and dependencies allow and cannot hold
+an op back to wait for memory, so neither does the greedy: a forward that is ready but does not
+fit is put after the next op that becomes ready later (the device idles until then).
+
+Offload rules: ``"none"`` (memory-aware, no transfers), ``"all"`` (offload every activation except
+on the last virtual stage, which runs its B right after its F), ``"lazy"`` (offload only when the
+next forward would not fit otherwise). A reload starts when the B of the same microbatch
+``reload_lead`` virtual stages downstream starts (1 = the upstream B that feeds it), on the
+stage's copy channel with reloads ahead of offloads, as soon as memory allows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from ..schedule.problem import Problem
+from ..schedule.schedule import Action, Schedule
+from ..schedule.simulator import evaluate
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class ListRule:
+    name: str
+    offload: str = "all"  # "none" | "all" | "lazy"
+    inflight: float | None = 1.0  # factor on the 1F1B depth (G - group); None = unlimited
+    deep_first: bool = True  # among ready F's, the deeper virtual stage first
+    reload_lead: int = 1
+
+
+def default_rules(problem: Problem) -> list[ListRule]:
+    """The rules worth trying on this problem, cheapest and most often best first."""
+    limited = any(x is not None for x in problem.memory_limits())
+    rules: list[ListRule] = []
+    if problem.offload is not None and limited:
+        rules += [
+            ListRule("offload-all-lead2", "all", 1.0, reload_lead=2),
+            ListRule("offload-all", "all", 1.0),
+            ListRule("offload-lazy", "lazy", 1.0),
+            ListRule("offload-all-wide", "all", 2.0),
+            ListRule("offload-lazy-wide", "lazy", 2.0, reload_lead=2),
+            ListRule("offload-all-mbfirst", "all", 1.0, deep_first=False),
+        ]
+    rules += [
+        ListRule("greedy", "none", None),
+        ListRule("greedy-1f1b", "none", 1.0),
+        ListRule("greedy-mbfirst", "none", None, deep_first=False),
+    ]
+    if limited:
+        rules.append(ListRule("greedy-2x", "none", 2.0))
+    return rules
+
+
+class _Memory:
+    """One stage's activation memory: settled level plus future (time, delta) events."""
+
+    __slots__ = ("base", "events", "limit")
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.base = 0.0
+        self.events: list[tuple[float, float]] = []
+
+    def add(self, t: float, d: float) -> None:
+        if d:
+            self.events.append((t, d))
+            self.events.sort()
+
+    def settle(self, t: float) -> None:
+        ev = self.events
+        k = 0
+        while k < len(ev) and ev[k][0] < t - _EPS:
+            self.base += ev[k][1]
+            k += 1
+        if k:
+            del ev[:k]
+
+    def fits(self, t: float, d: float) -> bool:
+        """Whether adding ``d`` at time ``t`` keeps every later level within the limit."""
+        if self.limit is None:
+            return True
+        lim = self.limit * (1 + 1e-9) + 1e-6
+        level = self.base
+        ev = self.events
+        i = 0
+        n = len(ev)
+        while i < n and ev[i][0] <= t + _EPS:
+            level += ev[i][1]
+            i += 1
+        level += d
+        while i < n:
+            # all events of one instant net out before the check
+            t0 = ev[i][0]
+            if level > lim:
+                return False
+            while i < n and ev[i][0] <= t0 + _EPS:
+                level += ev[i][1]
+                i += 1
+        return level <= lim
+
+
+def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None:
+    """Action lists built by the greedy under ``rule``; None if it got stuck."""
+    pb = problem
+    p, v, m = pb.num_stages, pb.num_chunks, pb.num_microbatches
+    G = p * v
+    table = pb.group_table
+    t_f, t_b, t_w, comm = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_comm")
+    m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
+    ob = pb.cost("offload_bytes")
+    limits = pb.memory_limits()
+    chan = pb.channel_of()
+    mem = [_Memory(limits[s]) for s in range(p)]
+    off_on = pb.offload is not None and rule.offload != "none"
+    members: dict[int, list[int]] = {}
+    for s in range(p):
+        members.setdefault(chan[s], []).append(s)
+
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    last_end = [0.0] * p  # end of the last compute op listed on each stage
+    last_op: list[tuple[str, int, int] | None] = [None] * p  # (op, group, mb)
+    dev_free = [0.0] * p
+    chan_free = dict.fromkeys(members, 0.0)
+    f_end = [[-1.0] * m for _ in range(G)]
+    b_start = [[-1.0] * m for _ in range(G)]
+    b_end = [[-1.0] * m for _ in range(G)]
+    off_end = [[-1.0] * m for _ in range(G)]
+    rel_end = [[-1.0] * m for _ in range(G)]
+    offloaded = [[False] * m for _ in range(G)]
+    nf = [0] * G  # next mb for F / B / W of each group (microbatch order)
+    nb = [0] * G
+    nw = [0] * G
+    groups_of = [[pb.group_of(s, c) for c in range(v)] for s in range(p)]
+    pending_reloads: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (group, mb)
+    cap = [None if rule.inflight is None else max(1.0, rule.inflight * (G - g)) for g in range(G)]
+    lag_in = [0.0] * G  # comm lag into group g from g-1 (forward) ...
+    lag_back = [0.0] * G  # ... and into group g from g+1 (backward)
+    for g in range(G):
+        s, _c = table[g]
+        if g > 0:
+            ps, pc = table[g - 1]
+            lag_in[g] = float(comm[ps, pc]) if ps != s else 0.0
+        if g < G - 1:
+            ns, nc = table[g + 1]
+            lag_back[g] = float(comm[ns, nc]) if ns != s else 0.0
+
+    heap: list[tuple[float, int, int]] = []
+    seq = itertools.count()
+
+    def wake(t: float, s: int) -> None:
+        heapq.heappush(heap, (t, next(seq), s))
+
+    def f_ready(g: int) -> float | None:
+        j = nf[g]
+        if j >= m:
+            return None
+        c = cap[g]
+        if c is not None and nf[g] - nb[g] >= c:
+            return None
+        if g == 0:
+            return 0.0
+        e = f_end[g - 1][j]
+        return None if e < 0 else e + lag_in[g]
+
+    def b_ready(g: int) -> float | None:
+        j = nb[g]
+        if j >= m or j >= nf[g]:
+            return None
+        e = f_end[g][j]
+        if e < 0:
+            return None
+        t = e
+        if g < G - 1:
+            e2 = b_end[g + 1][j]
+            if e2 < 0:
+                return None
+            t = max(t, e2 + lag_back[g])
+        if offloaded[g][j]:
+            r = rel_end[g][j]
+            if r < 0:
+                return None
+            t = max(t, r)
+        return t
+
+    def w_ready(g: int) -> float | None:
+        j = nw[g]
+        if j >= nb[g]:
+            return None
+        e = b_end[g][j]
+        return None if e < 0 else e
+
+    def issue_transfer(s: int, op: str, g: int, j: int, ready: float, now: float) -> float | None:
+        """Start time of a transfer appended now, or None if it cannot be placed now."""
+        ch = chan[s]
+        st = max(last_end[s], chan_free[ch], ready)
+        c = table[g][1]
+        if op == "RELOAD":
+            if st < now - _EPS and last_end[s] < now - _EPS and last_op[s] is not None:
+                # it would have started in the past: only if memory allowed it then
+                pass
+            if not mem[s].fits(st, float(ob[s, c])):
+                return None
+        dur = pb.offload_time(s, c) if op == "OFFLOAD" else pb.reload_time(s, c)
+        rows[s].append(Action(op, j, c))
+        chan_free[ch] = st + dur
+        if op == "OFFLOAD":
+            mem[s].add(st + dur, -float(ob[s, c]))
+            off_end[g][j] = st + dur
+        else:
+            mem[s].add(st, float(ob[s, c]))
+            rel_end[g][j] = st + dur
+        for s2 in members[ch]:
+            wake(st + dur, s2)
+        return st
+
+    def process(s: int, now: float) -> None:
+        mem[s].settle(last_end[s])
+        # 1. transfers at the issue point of the compute op that just ended
+        lo = last_op[s]
+        if off_on and lo is not None and lo[0] == "F" and abs(last_end[s] - now) <= _EPS:
+            g, j = lo[1], lo[2]
+            c = table[g][1]
+            if g < G - 1 and ob[s, c] > 0 and not offloaded[g][j] and b_start[g][j] < 0:
+                do = rule.offload == "all"
+                if rule.offload == "lazy" and limits[s] is not None:
+                    nxt = max(float(m_f[s, cc]) for cc in range(v))
+                    do = not mem[s].fits(now + _EPS, nxt)
+                if do:
+                    offloaded[g][j] = True
+                    issue_transfer(s, "OFFLOAD", g, j, f_end[g][j], now)
+        # 2. reloads that were triggered, in trigger order, while memory allows
+        pend = pending_reloads[s]
+        while pend:
+            g, j = pend[0]
+            if off_end[g][j] < 0:
+                break
+            if issue_transfer(s, "RELOAD", g, j, off_end[g][j], now) is None:
+                break
+            pend.pop(0)
+        # 3. compute
+        if dev_free[s] > now + _EPS:
+            return
+        best: tuple[int, float, int, int] | None = None  # (class, key, group, mb)
+        # An op listed next starts at max(device free, ready) in the simulator; one that was
+        # ready while the device idled cannot start later, only after some other op.
+        fresh = dev_free[s] >= now - _EPS
+        for g in groups_of[s]:
+            r = b_ready(g)
+            if r is not None and r <= now + _EPS and (fresh or r >= now - _EPS):
+                key = (0, -g, g, nb[g])
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            for g in groups_of[s]:
+                r = f_ready(g)
+                if r is None or r > now + _EPS:
+                    continue
+                c = table[g][1]
+                if not fresh and r < now - _EPS:
+                    continue  # listed next, the simulator would have run it earlier
+                if not mem[s].fits(now + float(t_f[s, c]), float(m_f[s, c])):
+                    continue
+                key = (1, -g if rule.deep_first else nf[g] * G + g, g, nf[g])
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            for g in groups_of[s]:
+                r = w_ready(g)
+                if r is not None and r <= now + _EPS and (fresh or r >= now - _EPS):
+                    key = (2, nw[g] * G - g, g, nw[g])
+                    if best is None or key < best:
+                        best = key
+        if best is None:
+            return
+        kind, _k, g, j = best
+        c = table[g][1]
+        if kind == 0:
+            d = float(t_b[s, c])
+            rows[s].append(Action("B", j, c))
+            b_start[g][j] = now
+            b_end[g][j] = now + d
+            nb[g] += 1
+            mem[s].add(now + d, float(m_b[s, c]))
+            if g > 0:
+                wake(now + d + lag_back[g - 1], table[g - 1][0])
+            # trigger the reload of the group reload_lead upstream (or all below the top)
+            for tg in _reload_targets(g, rule.reload_lead, G):
+                if offloaded[tg][j] and rel_end[tg][j] < 0:
+                    ts = table[tg][0]
+                    if (tg, j) not in pending_reloads[ts]:
+                        pending_reloads[ts].append((tg, j))
+                    wake(now, ts)
+            op = "B"
+        elif kind == 1:
+            d = float(t_f[s, c])
+            rows[s].append(Action("F", j, c))
+            f_end[g][j] = now + d
+            nf[g] += 1
+            mem[s].add(now + d, float(m_f[s, c]))
+            if g < G - 1:
+                wake(now + d + lag_in[g + 1], table[g + 1][0])
+            op = "F"
+        else:
+            d = float(t_w[s, c])
+            rows[s].append(Action("W", j, c))
+            nw[g] += 1
+            mem[s].add(now + d, float(m_w[s, c]))
+            op = "W"
+        dev_free[s] = now + d
+        last_end[s] = now + d
+        last_op[s] = (op, g, j)
+        wake(now + d, s)
+
+    for s in range(p):
+        wake(0.0, s)
+    while heap:
+        now, _, s = heapq.heappop(heap)
+        process(s, now)
+    if any(nw[g] < m for g in range(G)):
+        return None
+    return rows
+
+
+def _reload_targets(g: int, lead: int, G: int) -> list[int]:
+    """Groups whose reload starts when the B of group g starts."""
+    if g == G - 1:
+        # the top group triggers every group within ``lead`` of it
+        return [x for x in range(max(0, G - 1 - lead), G - 1)]
+    t = g - lead
+    return [t] if t >= 0 else []
+
+
+def heuristic_schedules(problem: Problem) -> list[Schedule]:
+    """Every list-scheduling rule's schedule that the simulator accepts, best first."""
+    from .feasibility import minimal_memory_schedule
+
+    out: list[Schedule] = []
+    for rule in default_rules(problem):
+        sched = run_rule(problem, rule)
+        if sched is not None and sched.evaluation is not None and sched.evaluation.feasible:
+            out.append(sched)
+    seq = minimal_memory_schedule(problem)
+    if seq.evaluation is not None and seq.evaluation.feasible:
+        out.append(seq)
+    out.sort(key=lambda s: s.evaluation.makespan if s.evaluation and s.evaluation.makespan else 0)
+    return out
+
+
+def run_rule(problem: Problem, rule: ListRule) -> Schedule | None:
+    """The schedule of one rule, evaluated (None if the greedy got stuck)."""
+    rows = list_schedule(problem, rule)
+    if rows is None:
+        return None
+    ev = evaluate(problem, rows)
+    return Schedule(
+        problem_hash=problem.hash,
+        generator="optpipe-heuristic",
+        params={"rule": rule.name},
+        actions=rows,
+        evaluation=ev,
+        problem=problem,
+    )

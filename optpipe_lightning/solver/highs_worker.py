@@ -1,0 +1,49 @@
+"""Child process for the HiGHS backend (see ``milp._solve_highs_isolated``).
+
+Reads one base64 pickle ``(model, start, time_limit, gap, seed, workers)`` line on stdin,
+writes base64 pickles ``("solution", starts, ends, obj, bound)`` and finally ``("done", outcome)``
+on stdout; a ``stop`` line on stdin interrupts the search. Never imports OR-Tools.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import sys
+import threading
+
+from .milp import MilpOutcome, _solve_highs
+from .ticks import OpKey
+
+
+def main() -> None:
+    payload = pickle.loads(base64.b64decode(sys.stdin.buffer.readline()))
+    lm, start, time_limit, gap, seed, workers = payload
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def watch() -> None:
+        for line in sys.stdin.buffer:
+            if line.strip() == b"stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+    def send(msg: tuple[object, ...]) -> None:
+        with lock:
+            sys.stdout.buffer.write(base64.b64encode(pickle.dumps(msg)) + b"\n")
+            sys.stdout.buffer.flush()
+
+    def sol(st: dict[OpKey, int], en: dict[OpKey, int], obj: int, bnd: int) -> None:
+        send(("solution", st, en, obj, bnd))
+
+    try:
+        out = _solve_highs(lm, start, time_limit, gap, seed, workers, sol, stop)
+    except Exception as e:  # reported to the parent, which keeps its incumbent
+        out = MilpOutcome("unknown", None, None, message=f"HiGHS failed: {e}")
+    send(("done", out))
+
+
+if __name__ == "__main__":
+    main()

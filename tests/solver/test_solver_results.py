@@ -1,0 +1,149 @@
+"""solve(): result fields, incumbent stream, baselines, bounds, stop, backends, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.solver import (
+    Incumbent,
+    heuristic_schedules,
+    lower_bound,
+    solve,
+)
+from optpipe_lightning.solver.solve import _baselines
+
+
+def _pb(
+    p: int,
+    m: int,
+    *,
+    v: int = 1,
+    limit: float | None = 2.0,
+    bw: float = 2.0,
+    offload: bool = True,
+    placement: str = "vshape",
+) -> Problem:
+    return Problem(
+        num_stages=p,
+        num_microbatches=m,
+        num_chunks=v,
+        placement=placement,  # type: ignore[arg-type]
+        t_f=1.0 / v,
+        t_b=1.0 / v,
+        t_w=1.0 / v,
+        m_f=1.0 / v,
+        m_b=-0.5 / v,
+        m_w=-0.5 / v,
+        memory_limit=limit,
+        offload={"bytes": 1.0 / v, "d2h_bandwidth": bw, "h2d_bandwidth": bw} if offload else None,
+    )
+
+
+def test_known_optima_of_the_measured_prototype() -> None:
+    """4x8, memory of 2 activations: 41 without offload, 28 with, 27 unlimited (solver note)."""
+    r_off = solve(_pb(4, 8), time_limit=30, workers=1, seed=0, use_baselines=False)
+    r_no = solve(_pb(4, 8, offload=False), time_limit=30, workers=1, use_baselines=False)
+    r_un = solve(_pb(4, 8, limit=None), time_limit=30, workers=1, use_baselines=False)
+    assert (r_off.makespan, r_no.makespan, r_un.makespan) == (28.0, 41.0, 27.0)
+    assert r_off.status == r_no.status == r_un.status == "optimal"
+    assert r_off.schedule.num_offloaded() > 0
+    assert r_no.schedule.num_offloaded() == 0
+
+
+def test_result_is_the_simulators_and_incumbents_improve() -> None:
+    pb = _pb(4, 8)
+    seen: list[Incumbent] = []
+    res = solve(pb, time_limit=30, workers=1, seed=1, on_incumbent=seen.append, use_baselines=False)
+    sched = res.schedule
+    assert sched.generator == "optpipe"
+    assert sched.params["backend"] == "cpsat" and sched.params["seed"] == 1
+    assert sched.params["time_limit"] == 30
+    assert sched.problem_hash == pb.hash
+    ev = simulate(pb, sched).evaluation
+    assert ev.feasible and ev.makespan == res.makespan
+    assert sched.evaluation == ev
+    assert max(ev.peak_memory) <= 2.0 + 1e-9
+    assert seen == res.incumbents and len(seen) >= 2
+    spans = [i.makespan for i in seen]
+    assert spans == sorted(spans, reverse=True) and len(set(spans)) == len(spans)
+    assert spans[-1] == res.makespan
+    assert seen[0].source.startswith("heuristic:")
+    assert all(i.bound is not None and i.bound <= res.makespan for i in seen)
+    assert 0 <= res.first_solution_seconds <= seen[-1].wall_time <= res.solve_seconds
+    assert res.gap == 0.0 and res.lower_bound == res.makespan
+
+
+@pytest.mark.parametrize(
+    "pb",
+    [
+        _pb(4, 8, limit=None, offload=False),
+        _pb(4, 8, limit=4.0, offload=False),
+        _pb(4, 8, limit=2.0),
+        _pb(4, 8, v=2, limit=2.0),
+        _pb(4, 8, v=2, limit=None, offload=False, placement="interleaved"),
+    ],
+    ids=["unlimited", "mem4-no-offload", "mem2-offload", "vshape-mem2-offload", "interleaved"],
+)
+def test_never_slower_than_any_feasible_baseline_or_heuristic(pb: Problem) -> None:
+    res = solve(pb, time_limit=5, workers=1, seed=0, deterministic_time=5.0)
+    others = [s for _, s in _baselines(pb)] + heuristic_schedules(pb)
+    feasible = [s.evaluation.makespan for s in others if s.evaluation and s.evaluation.feasible]
+    assert feasible, "at least the heuristics give a schedule"
+    assert res.makespan <= min(feasible) + 1e-9
+    assert lower_bound(pb) <= res.lower_bound <= res.makespan + 1e-9
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 3, 1), (4, 8, 1), (3, 6, 2), (8, 32, 1)])
+def test_cheap_bound_never_exceeds_any_schedule(p: int, m: int, v: int) -> None:
+    for limit, off in [(None, False), (2.0, True), (3.0, False)]:
+        pb = _pb(p, m, v=v, limit=limit, offload=off)
+        lb = lower_bound(pb)
+        for s in heuristic_schedules(pb):
+            assert s.evaluation is not None and s.evaluation.makespan is not None
+            assert lb <= s.evaluation.makespan + 1e-9
+
+
+def test_unlimited_bound_is_tight_for_uniform_stages() -> None:
+    # m(F+B+W) + (p-1)F, proved optimal in the solver note (27 / 103)
+    assert lower_bound(_pb(4, 8, limit=None, offload=False)) == pytest.approx(27.0)
+    assert lower_bound(_pb(8, 32, limit=None, offload=False)) == pytest.approx(103.0)
+
+
+def test_heuristic_backend_answers_without_a_solver() -> None:
+    res = solve(_pb(8, 32), backend="heuristic", time_limit=10, use_baselines=False)
+    assert res.backend == "heuristic"
+    assert res.status == "heuristic"
+    assert res.makespan <= 110.0  # the offload-aware list scheduler: within 2% of the 108 known
+    assert res.schedule.evaluation is not None and res.schedule.evaluation.feasible
+    assert res.lower_bound == pytest.approx(103.0)
+    assert res.gap == pytest.approx((res.makespan - 103.0) / res.makespan)
+
+
+def test_stop_event_ends_the_search_early() -> None:
+    stop = threading.Event()
+    timer = threading.Timer(1.0, stop.set)
+    timer.start()
+    try:
+        res = solve(_pb(8, 32), time_limit=60, workers=1, stop=stop, use_baselines=False)
+    finally:
+        timer.cancel()
+    assert res.solve_seconds < 20
+    assert res.schedule.evaluation is not None and res.schedule.evaluation.feasible
+
+
+def test_unknown_backend_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown solver backend 'cplex'; one of auto, cpsat"):
+        solve(_pb(2, 2), backend="cplex")
+
+
+def test_hint_is_used_and_foreign_hint_is_ignored() -> None:
+    pb = _pb(4, 8)
+    first = solve(pb, backend="heuristic", use_baselines=False)
+    res = solve(pb, backend="heuristic", hint=first.schedule, use_baselines=False)
+    assert res.makespan <= first.makespan
+    other = solve(_pb(4, 8, limit=3.0), backend="heuristic", use_baselines=False)
+    res2 = solve(pb, backend="heuristic", hint=other.schedule, use_baselines=False)
+    assert res2.message is not None and "another problem" in res2.message
