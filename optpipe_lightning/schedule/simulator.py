@@ -371,19 +371,22 @@ class _Simulator:
         end = [-1.0] * (n + 1)
         end[n] = 0.0  # sentinel: "no dependency"
         start = [0.0] * n
-        comp_q = [np.flatnonzero(is_c[off[s] : off[s + 1]]) + off[s] for s in range(p)]
-        xfer_q = [(np.flatnonzero(~is_c[off[s] : off[s + 1]]) + off[s]).tolist() for s in range(p)]
-        comp_ql = [q.tolist() for q in comp_q]
-        comp_rows = [
-            list(
-                zip(
-                    q.tolist(),
-                    *(x[q].tolist() for x in (*self.dep, *self.lag, self.dur)),
-                    strict=False,
-                )
+        # per stage, its compute ops as (op, dep0, dep1, dep2, lag0, lag1, lag2, duration) rows,
+        # built in one pass over all stages (flat ids are stage-major)
+        cids = np.flatnonzero(is_c)
+        cuts = np.searchsorted(cids, off).tolist()
+        flat_rows = list(
+            zip(
+                cids.tolist(),
+                *(x[cids].tolist() for x in (*self.dep, *self.lag, self.dur)),
+                strict=True,
             )
-            for q in comp_q
-        ]
+        )
+        comp_rows = [flat_rows[cuts[s] : cuts[s + 1]] for s in range(p)]
+        comp_ql = [[r[0] for r in rows] for rows in comp_rows]
+        xids = np.flatnonzero(~is_c)
+        xcuts = np.searchsorted(xids, off).tolist()
+        xfer_q = [xids[xcuts[s] : xcuts[s + 1]].tolist() for s in range(p)]
         comp_ptr = [0] * p
         xfer_ptr = [0] * p
         dev_free = [0.0] * p
@@ -420,16 +423,14 @@ class _Simulator:
                     return b
             return -1
 
-        xfer_rows = [
-            list(
-                zip(
-                    q,
-                    *(x[q].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur)),
-                    strict=True,
-                )
+        xfer_flat = list(
+            zip(
+                xids.tolist(),
+                *(x[xids].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur)),
+                strict=True,
             )
-            for q in xfer_q
-        ]
+        )
+        xfer_rows = [xfer_flat[xcuts[s] : xcuts[s + 1]] for s in range(p)]
 
         def run_private_channel(c: int, s: int) -> int:
             """A channel of one stage: transfers in list order, no arbitration."""
