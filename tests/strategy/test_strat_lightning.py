@@ -260,6 +260,16 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
 
     # start from GPipe so the solver has something to improve on (forked workers inherit this)
     monkeypatch.setattr(strategy_mod, "_best_baseline", lambda pb: generate("gpipe", pb))
+    # price a fused backward as B + W: whether a measured fused backward happens to be cheaper
+    # on this machine must not decide whether the solver's schedule beats GPipe here
+    real_build = strategy_mod.build_profile
+
+    def split_priced(*args: Any, **kwargs: Any) -> Any:
+        prof = real_build(*args, **kwargs)
+        stages = [sp.model_copy(update={"bw": None}) for sp in prof.stages]
+        return prof.model_copy(update={"stages": stages})
+
+    monkeypatch.setattr(strategy_mod, "build_profile", split_priced)
     ref_losses, ref_state = reference(5)
     out = tmp_path / "r"
     out.mkdir()
