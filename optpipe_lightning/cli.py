@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -247,7 +247,14 @@ def _run_solver(
         for cb in callbacks:
             cb(inc)
 
-    if quiet or not out.is_terminal:
+    progress: AbstractContextManager[Any] = nullcontext()
+    if not quiet and out.is_terminal:
+        from .solver.progress import RichSolveProgress
+
+        progress = RichSolveProgress(problem, time_limit)
+    with progress as display:
+        if display is not None:
+            callbacks.append(display)
         result = solve(
             problem,
             backend=backend,
@@ -256,19 +263,6 @@ def _run_solver(
             gap_target=gap,
             on_incumbent=on_incumbent,
         )
-    else:
-        from .solver.progress import RichSolveProgress
-
-        with RichSolveProgress(problem, time_limit) as progress:
-            callbacks.append(progress)
-            result = solve(
-                problem,
-                backend=backend,
-                time_limit=time_limit,
-                seed=seed,
-                gap_target=gap,
-                on_incumbent=on_incumbent,
-            )
     if result.message and not quiet:
         err.print(f"optpipe: note: {result.message}", markup=False)
     if db is not None and recorder is not None and run_id is not None:
