@@ -106,14 +106,24 @@ def schedule_from_ticks(
     )
 
 
-def _baselines(problem: Problem) -> list[tuple[str, Schedule]]:
-    """Every baseline that exists yet and applies (extra hints and fallbacks, never needed)."""
+def _baselines(problem: Problem, deadline: float | None = None) -> list[tuple[str, Schedule]]:
+    """Every baseline that exists yet and applies (extra hints and fallbacks, never needed).
+
+    With a ``deadline`` (``time.perf_counter()`` value) no baseline starts after it.
+    """
     try:
         from ..schedule.baselines import BASELINE_NAMES, generate
     except (ImportError, AttributeError):
         return []
+    names = list(BASELINE_NAMES)
+    if problem.offload is not None and any(x is not None for x in problem.memory_limits()):
+        # the memory-aware ones first: where the list schedulers struggle, they help most
+        first = [n for n in ("adaoffload", "pipeoffload", "zb-auto", "v-min") if n in names]
+        names = first + [n for n in names if n not in first]
     out = []
-    for name in BASELINE_NAMES:
+    for name in names:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         try:
             sched = generate(name, problem)
         except Exception:  # NotApplicable, or a generator not written yet / broken
@@ -174,7 +184,8 @@ def solve(
         else:
             best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
     if use_baselines and not (stop is not None and stop.is_set()):
-        for name, sched in _baselines(problem):
+        # baselines are hints only: none starts after half the time limit
+        for name, sched in _baselines(problem, t0 + 0.5 * time_limit):
             best.offer(sched, f"baseline:{name}")
 
     used, message = _choose_backend(problem, backend, best, message)
