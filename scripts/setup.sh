@@ -13,7 +13,7 @@ APT=""
 if [ "$(id -u)" -eq 0 ]; then APT="apt-get"; elif command -v sudo >/dev/null; then APT="sudo apt-get"; fi
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v pg_ctlcluster >/dev/null 2>&1 || [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)  # the server, not just psql
 if [ ${#need[@]} -gt 0 ]; then
   if [ -n "$APT" ]; then
     $APT update -qq && DEBIAN_FRONTEND=noninteractive $APT install -y -qq "${need[@]}" >/dev/null \
