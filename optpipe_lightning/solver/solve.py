@@ -9,6 +9,7 @@ action lists and re-evaluated by the one simulator; only the simulator's makespa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -78,7 +79,7 @@ class _Best:
             )
             self.incumbents.append(inc)
         if self.cb is not None:
-            self.cb(inc)
+            self.cb(dataclasses.replace(inc, schedule=sched))
         return True
 
     def raise_bound(self, b: float) -> None:

@@ -24,21 +24,18 @@ log = logging.getLogger(__name__)
 
 
 def _solver_main(problem_json: str, backend: str, time_limit: float, out: Any) -> None:
-    """Child process: solve in growing time budgets (each warm-started from the last best) and
-    send each result's schedule as JSON, then ``done``. (The solver's incumbent callback reports
-    makespans only, so schedules come from the solves themselves.)"""
+    """Child process: one solve; every improved incumbent's schedule goes to the parent as JSON
+    the moment the solver finds it, then ``done``."""
     try:
-        from ..solver import solve
+        from ..solver import Incumbent, solve
 
         problem = Problem.model_validate_json(problem_json)
-        hint: Schedule | None = None
-        budgets = sorted({min(time_limit, b) for b in (1.0, time_limit / 4, time_limit)})
-        for budget in budgets:
-            res = solve(problem, backend=backend, time_limit=budget, hint=hint)
-            hint = res.schedule
-            out.put(("incumbent", res.schedule.to_json()))
-            if res.status == "optimal":
-                break
+
+        def send(inc: Incumbent) -> None:
+            if inc.schedule is not None:
+                out.put(("incumbent", inc.schedule.to_json()))
+
+        solve(problem, backend=backend, time_limit=time_limit, on_incumbent=send)
     except Exception as e:  # reported to the parent, never raised into training
         out.put(("error", f"{type(e).__name__}: {e}"))
     finally:

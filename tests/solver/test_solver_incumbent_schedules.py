@@ -1,0 +1,31 @@
+"""Each incumbent the callback receives carries its schedule, checked by the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.solver import Incumbent, solve
+
+
+def test_callback_incumbents_carry_their_schedules() -> None:
+    pb = Problem(
+        num_stages=3,
+        num_microbatches=4,
+        t_f=1,
+        t_b=1,
+        t_w=1,
+        memory_limit=2,
+        offload={"bytes": 1, "d2h_bandwidth": 2, "h2d_bandwidth": 2},
+    )
+    seen: list[Incumbent] = []
+    res = solve(pb, time_limit=5, seed=0, workers=1, on_incumbent=seen.append)
+    assert seen, "no incumbent reported"
+    spans = [inc.makespan for inc in seen]
+    assert spans == sorted(spans, reverse=True)  # only improvements are reported
+    for inc in seen:
+        assert inc.schedule is not None
+        ev = simulate(pb, inc.schedule).evaluation
+        assert ev.feasible and ev.makespan == pytest.approx(inc.makespan)
+    assert seen[-1].makespan == pytest.approx(res.makespan)
+    assert all(inc.schedule is None for inc in res.incumbents)  # the result keeps numbers only
