@@ -320,12 +320,15 @@ class _Simulator:
         makespan = float(end.max() - start.min()) if n else 0.0
         is_c = self.is_compute
         work = np.bincount(self.stage[is_c], weights=(end - start)[is_c], minlength=p)
-        big = np.inf
-        first_f = np.full(p, big)
-        np.minimum.at(first_f, self.stage[self.code == 0], start[self.code == 0])
-        last_end = np.full(p, -big)
-        np.maximum.at(last_end, self.stage[is_c], end[is_c])
-        spans = np.where(np.isfinite(first_f), last_end - first_f, 0.0)
+        # per-stage segment reductions (flat ids are stage-major; empty stages give +-inf)
+        first_f = np.full(p, np.inf)
+        last_end = np.full(p, -np.inf)
+        nonempty = off[1:] > off[:-1]
+        if nonempty.any():
+            seg = off[:-1][nonempty]
+            first_f[nonempty] = np.minimum.reduceat(np.where(self.code == 0, start, np.inf), seg)
+            last_end[nonempty] = np.maximum.reduceat(np.where(is_c, end, -np.inf), seg)
+        spans = np.where(np.isfinite(first_f) & np.isfinite(last_end), last_end - first_f, 0.0)
         bubble = 1.0 - float(work.sum()) / (p * makespan) if makespan > 0 else 0.0
         s_max = int(np.argmax(spans))
         span = float(spans[s_max])
