@@ -35,3 +35,26 @@ def test_offload_weakens_the_memory_bound() -> None:
     assert bound_parts(off).memory < bound_parts(tight).memory
     # 108 is reachable with offload at this limit, so the bound must not exceed it
     assert lower_bound(off) <= 108
+
+
+def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
+    from optpipe_lightning.schedule.baselines import generate
+
+    def problem(copy: float) -> Problem:
+        bw = 1.0 / (3 * copy)  # one copy takes `copy` x (F + B + W)
+        return Problem(
+            num_stages=8,
+            num_microbatches=32,
+            t_f=1,
+            t_b=1,
+            t_w=1,
+            memory_limit=2,
+            offload={"bytes": 1, "d2h_bandwidth": bw, "h2d_bandwidth": bw},
+        )
+
+    fast, slow = bound_parts(problem(0.5)), bound_parts(problem(2.0))
+    assert slow.memory > fast.memory
+    assert slow.binding == "memory" and slow.value > 216  # the copy-free argument gave 216
+    sched = generate("adaoffload", problem(2.0))
+    assert sched.evaluation is not None and sched.evaluation.feasible
+    assert slow.value <= sched.evaluation.makespan  # type: ignore[operator]

@@ -16,11 +16,14 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
 3. **Backward throughput** (per group g): no B of group g starts before the first microbatch has
    gone forward through every group and backward down to g; the m backwards of g then run one at
    a time, and the last needs the rest of the backward chain (then ``W_0``) or its own ``W_g``.
-4. **Memory-time** (per device d, with a memory limit): each activation of (d, c) is resident from
-   its F end to its B end, at least ``R_g + B_g`` (``R_g`` = the forward and backward chain above
-   g), except for the part that is offloaded, resident at least ``t_off + t_rel + B_g``; the
-   W-part stays until W ends (at least ``W_g``). The integral of memory over time is at most
-   ``limit * makespan``, so ``makespan >= (sum of resident byte-seconds) / limit``.
+4. **Memory-time with copy channels** (per device d, with a memory limit): each activation of
+   (d, c) is resident from its F end to its B end, at least ``R_g + B_g`` (``R_g`` = the forward
+   and backward chain above g), except for the part that is offloaded, resident at least
+   ``t_off + t_rel + B_g``; the W-part stays until W ends (at least ``W_g``). The integral of
+   memory over time is at most ``limit * makespan``. Each offloaded activation also keeps the
+   device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
+   ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
+   (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
 """
 
 from __future__ import annotations
@@ -125,16 +128,56 @@ def bound_parts(problem: Problem) -> BoundParts:
         lim = limits[s]
         if lim is None or not signs_ok:
             continue
-        byte_seconds = 0.0
+        full = 0.0  # resident byte-seconds if nothing is offloaded
+        options: list[tuple[float, float, int]] = []  # (saving, channel seconds, count) per chunk
         for c in range(v):
             g = pb.group_of(s, c)
             resident = fwd_rest[g] + down[g] + B[g]
             act = float(m_f[s, c])
-            moved = float(ob[s, c]) if pb.offload is not None else 0.0
-            moved_resident = min(resident, pb.offload_time(s, c) + pb.reload_time(s, c) + B[g])
             wpart = -float(m_w[s, c])
-            byte_seconds += m * (
-                (act - moved) * resident + moved * moved_resident + max(wpart, 0.0) * W[g]
-            )
-        mem_lb = max(mem_lb, byte_seconds / lim)
+            full += m * (act * resident + max(wpart, 0.0) * W[g])
+            if pb.offload is not None:
+                moved = float(ob[s, c])
+                trip = pb.offload_time(s, c) + pb.reload_time(s, c)
+                saving = moved * (resident - min(resident, trip + B[g]))
+                if saving > 0:
+                    options.append((saving, trip, m))
+        mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb)
+
+
+def _memory_channel_bound(
+    full: float, limit: float, options: list[tuple[float, float, int]]
+) -> float:
+    """Least T with ``full - savings <= limit * T`` for offloads whose copies fit in T.
+
+    Offloading one activation saves ``saving`` resident byte-seconds and keeps its copy channel
+    busy ``trip`` seconds (offload plus reload), and every copy of a stage runs within the
+    makespan on its channel, so with fractional offload counts (a relaxation) the best savings
+    within channel time T is a fractional knapsack. Feasibility is monotone in T: bisect.
+    """
+    if not options:
+        return full / limit
+    ranked = sorted(options, key=lambda o: o[0] / o[1] if o[1] > 0 else float("inf"), reverse=True)
+
+    def best_saving(budget: float) -> float:
+        total = 0.0
+        for saving, trip, count in ranked:
+            if trip <= 0:
+                total += saving * count
+                continue
+            n = min(float(count), budget / trip)
+            total += saving * n
+            budget -= n * trip
+            if budget <= 0:
+                break
+        return total
+
+    lo, hi = 0.0, full / limit
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if full - best_saving(mid) <= limit * mid:
+            hi = mid
+        else:
+            lo = mid
+    return lo
