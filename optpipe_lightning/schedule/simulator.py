@@ -231,7 +231,8 @@ class _Simulator:
         return not viol
 
     def _dependencies(self) -> None:
-        """Up to three (dependency, lag) pairs per op; the sentinel op ``n`` has always ended."""
+        """Up to three dependencies per op (the first two with a lag); the sentinel op ``n`` has
+        always ended, so a missing dependency costs nothing in the event loop."""
         pb = self.pb
         p, _m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
         n, P = self.n, self.P
@@ -242,7 +243,7 @@ class _Simulator:
         t_comm = pb.cost("t_comm")
         g = grp[stage, ch]
         d = np.full((3, n), n, dtype=np.int64)
-        lag = np.zeros((3, n))
+        lag = np.zeros((2, n))  # the third dependency (a reload) never has a lag
         # F: previous group's F
         isF = (code == 0) & (g > 0)
         gp = np.where(isF, g - 1, 0)
@@ -367,15 +368,14 @@ class _Simulator:
         """ASAP start and end of every op; None (with a deadlock violation) if stuck."""
         pb = self.pb
         p, n = pb.num_stages, self.n
-        d0, d1, d2 = (x.tolist() for x in self.dep)
-        dur = self.dur.tolist()
+        dep = self.dep
         is_c = self.is_compute
         off = self.offset.tolist()
         end = [-1.0] * (n + 1)
         end[n] = 0.0  # sentinel: "no dependency"
         start = [0.0] * n
-        # per stage, its compute ops as (op, dep0, dep1, dep2, lag0, lag1, lag2, duration) rows,
-        # built in one pass over all stages (flat ids are stage-major)
+        # per stage, its compute ops as (op, dep0, dep1, dep2, lag0, lag1, duration) rows (dep2,
+        # a reload, has no lag), built in one pass over all stages (flat ids are stage-major)
         cids = np.flatnonzero(is_c)
         cuts = np.searchsorted(cids, off).tolist()
         flat_rows = list(
@@ -421,7 +421,8 @@ class _Simulator:
                         work.append(item)
 
         def first_blocker(op: int) -> int:
-            for b in (d0[op], d1[op], d2[op]):
+            """The first dependency of ``op`` that has not ended (-1: none); deadlock reports."""
+            for b in (int(dep[0, op]), int(dep[1, op]), int(dep[2, op])):
                 if end[b] < 0:
                     return b
             return -1
@@ -429,7 +430,7 @@ class _Simulator:
         xfer_flat = list(
             zip(
                 xids.tolist(),
-                *(x[xids].tolist() for x in (*self.dep[:2], *self.lag[:2], self.dur)),
+                *(x[xids].tolist() for x in (*self.dep[:2], *self.lag, self.dur)),
                 strict=True,
             )
         )
@@ -498,7 +499,7 @@ class _Simulator:
                 if chan_free[c] > t:
                     t = chan_free[c]
                 start[op] = t
-                e = t + dur[op]
+                e = t + xfer_rows[s][xfer_ptr[s]][5]
                 end[op] = e
                 chan_free[c] = e
                 xfer_ptr[s] += 1
@@ -516,7 +517,7 @@ class _Simulator:
                 s = item
                 k0 = k = comp_ptr[s]
                 free = dev_free[s]
-                for op, a, b, c, la, lb, lc, du in islice(comp_rows[s], k0, None):
+                for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
                     ea, eb, ec = end[a], end[b], end[c]
                     if ea < 0 or eb < 0 or ec < 0:
                         wait_on(a if ea < 0 else (b if eb < 0 else c), s)
@@ -524,8 +525,8 @@ class _Simulator:
                     t = ea + la
                     if eb + lb > t:
                         t = eb + lb
-                    if ec + lc > t:
-                        t = ec + lc
+                    if ec > t:  # the third dependency (a reload) has no lag
+                        t = ec
                     if free > t:
                         t = free
                     start[op] = t
