@@ -386,7 +386,6 @@ class _Simulator:
             )
         )
         comp_rows = [flat_rows[cuts[s] : cuts[s + 1]] for s in range(p)]
-        comp_ql = [[r[0] for r in rows] for rows in comp_rows]
         xids = np.flatnonzero(~is_c)
         xcuts = np.searchsorted(xids, off).tolist()
         xfer_q = [xids[xcuts[s] : xcuts[s + 1]].tolist() for s in range(p)]
@@ -552,9 +551,10 @@ class _Simulator:
             done += run_channel(best_c, -1 - best_c, True)
 
         if done < n:
+            comp_ql = [[r[0] for r in rows] for rows in comp_rows]
             self._report_deadlock(comp_ql, comp_ptr, xfer_q, xfer_ptr, end, first_blocker)
             return None
-        return np.asarray(start), np.asarray(end[:n])
+        return np.fromiter(start, float, n), np.fromiter(end, float, n)  # (drops the sentinel)
 
     def _name(self, op: int) -> str:
         s = int(self.stage[op])
