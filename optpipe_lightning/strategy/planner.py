@@ -70,25 +70,42 @@ def initial_problem(
 
 
 def profiling_schedule(problem: Problem) -> Schedule:
-    """All F in layer order, then per microbatch (last first) its backward; one op at a time.
+    """The safe schedule of the profiling steps.
 
     Even microbatches run a split backward (B then W), odd ones a fused BW, so one profiling
-    step measures F, B, W and the fused backward (``t_bw``) of every stage and chunk.
+    step measures F, B, W and the fused backward (``t_bw``) of every stage and chunk. With one
+    chunk the order is 1F1B's (warm-up ``p - s - 1`` forwards, then one forward and one backward
+    in turn): at most ``p`` microbatches in flight, the working set the real schedules have, so
+    op times are not inflated by a larger one and profiling needs no more activation memory than
+    1F1B. With several chunks: all F in layer order, then the backwards (last microbatch first).
     """
     p, m = problem.num_stages, problem.num_microbatches
     rows: list[list[Action]] = [[] for _ in range(p)]
-    for mb in range(m):
-        for g in range(problem.num_virtual_stages):
-            s, c = problem.group_table[g]
-            rows[s].append(Action("F", mb, c))
-    for mb in reversed(range(m)):
-        for g in reversed(range(problem.num_virtual_stages)):
-            s, c = problem.group_table[g]
-            if mb % 2 == 1:
-                rows[s].append(Action("BW", mb, c))
-            else:
-                rows[s].append(Action("B", mb, c))
-                rows[s].append(Action("W", mb, c))
+
+    def backward(row: list[Action], mb: int, c: int) -> None:
+        if mb % 2 == 1:
+            row.append(Action("BW", mb, c))
+        else:
+            row.append(Action("B", mb, c))
+            row.append(Action("W", mb, c))
+
+    if problem.num_chunks == 1:
+        for s, row in enumerate(rows):
+            warm = min(p - s - 1, m)
+            row.extend(Action("F", mb) for mb in range(warm))
+            for mb in range(m):
+                if warm + mb < m:
+                    row.append(Action("F", warm + mb))
+                backward(row, mb, 0)
+    else:
+        for mb in range(m):
+            for g in range(problem.num_virtual_stages):
+                s, c = problem.group_table[g]
+                rows[s].append(Action("F", mb, c))
+        for mb in reversed(range(m)):
+            for g in reversed(range(problem.num_virtual_stages)):
+                s, c = problem.group_table[g]
+                backward(rows[s], mb, c)
     return make_schedule(
         problem.with_changes(memory_limit=None, offload=None), "optpipe-profiling", rows
     )
