@@ -5,18 +5,12 @@ runs; every improvement goes to ``on_incumbent``. Results are always re-evaluate
 simulator (``optpipe_lightning.schedule.simulator``).
 """
 
-from ..schedule.problem import Problem
-from .bounds import makespan_lower_bound, memory_need_lower_bound
+from ..schedule.bounds import lower_bound
+from .bounds import memory_need_lower_bound
 from .heuristics import heuristic_schedules
 from .licence import gurobi_license_status
 from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
 from .solve import BACKENDS, solve
-
-
-def lower_bound(problem: Problem) -> float:
-    """The best cheap valid lower bound on the makespan (seconds)."""
-    return makespan_lower_bound(problem)[0]
-
 
 __all__ = [
     "BACKENDS",

@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from ..schedule.bounds import lower_bound
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import evaluate
-from .bounds import makespan_lower_bound
 from .extract import actions_from_times, repair
 from .feasibility import (
     check_memory_limit,
@@ -173,7 +173,7 @@ def solve(
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit}")
     t0 = time.perf_counter()
     check_memory_limit(problem)
-    lb, _lb_src = makespan_lower_bound(problem)
+    lb = lower_bound(problem)
     best = _Best(problem, t0, on_incumbent, lb)
     message: str | None = None
 

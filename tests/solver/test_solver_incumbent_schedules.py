@@ -29,3 +29,15 @@ def test_callback_incumbents_carry_their_schedules() -> None:
         assert ev.feasible and ev.makespan == pytest.approx(inc.makespan)
     assert seen[-1].makespan == pytest.approx(res.makespan)
     assert all(inc.schedule is None for inc in res.incumbents)  # the result keeps numbers only
+
+
+def test_bound_stays_valid_when_the_fused_backward_is_cheaper() -> None:
+    from optpipe_lightning.schedule.baselines import generate
+
+    # split B + W costs 2, a fused BW costs 1: 1F1B (fused) makes 10; B + W pricing would claim 12
+    pb = Problem(num_stages=2, num_microbatches=4, t_f=1, t_b=1.5, t_w=0.5, t_bw=1.0)
+    fused = generate("1f1b", pb).evaluation
+    assert fused is not None and fused.makespan == pytest.approx(10.0)
+    res = solve(pb, time_limit=5, seed=0, workers=1)
+    assert res.lower_bound <= fused.makespan + 1e-9
+    assert res.makespan <= fused.makespan + 1e-9
