@@ -24,6 +24,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
@@ -374,21 +375,19 @@ class _Simulator:
         end = [-1.0] * (n + 1)
         end[n] = 0.0  # sentinel: "no dependency"
         start = [0.0] * n
-        # per stage, its compute ops as (op, dep0, dep1, dep2, lag0, lag1, duration) rows (dep2,
-        # a reload, has no lag), built in one pass over all stages (flat ids are stage-major)
-        cids = np.flatnonzero(is_c)
-        cuts = np.searchsorted(cids, off).tolist()
-        flat_rows = list(
-            zip(
-                cids.tolist(),
-                *(x[cids].tolist() for x in (*self.dep, *self.lag, self.dur)),
-                strict=True,
-            )
-        )
-        comp_rows = [flat_rows[cuts[s] : cuts[s + 1]] for s in range(p)]
-        xids = np.flatnonzero(~is_c)
-        xcuts = np.searchsorted(xids, off).tolist()
-        xfer_q = [xids[xcuts[s] : xcuts[s + 1]].tolist() for s in range(p)]
+
+        def per_stage_rows(ids: np.ndarray, columns: tuple[np.ndarray, ...]) -> list[list[Any]]:
+            """Per stage, ``(op, *columns[op])`` tuples of the given ops, built in one pass (flat
+            ids are stage-major, so each stage's ops are one slice)."""
+            cuts = np.searchsorted(ids, off).tolist()
+            flat = list(zip(ids.tolist(), *(x[ids].tolist() for x in columns), strict=True))
+            return [flat[cuts[s] : cuts[s + 1]] for s in range(p)]
+
+        # compute ops as (op, dep0, dep1, dep2, lag0, lag1, duration): dep2, a reload, has no lag
+        comp_rows = per_stage_rows(np.flatnonzero(is_c), (*self.dep, *self.lag, self.dur))
+        # transfers as (op, dep0, dep1, lag0, lag1, duration)
+        xfer_rows = per_stage_rows(np.flatnonzero(~is_c), (*self.dep[:2], *self.lag, self.dur))
+        xfer_q = [[r[0] for r in rows] for rows in xfer_rows]
         comp_ptr = [0] * p
         xfer_ptr = [0] * p
         dev_free = [0.0] * p
@@ -425,15 +424,6 @@ class _Simulator:
                 if end[b] < 0:
                     return b
             return -1
-
-        xfer_flat = list(
-            zip(
-                xids.tolist(),
-                *(x[xids].tolist() for x in (*self.dep[:2], *self.lag, self.dur)),
-                strict=True,
-            )
-        )
-        xfer_rows = [xfer_flat[xcuts[s] : xcuts[s + 1]] for s in range(p)]
 
         def run_private_channel(c: int, s: int) -> int:
             """A channel of one stage: transfers in list order, no arbitration."""
