@@ -44,11 +44,17 @@ def user_errors() -> Iterator[None]:
         raise
     except (UserError, ScheduleMismatchError) as e:
         _fail(str(e))
-    except Exception as e:  # errors of optional parts that are the user's to fix
-        name = type(e).__name__
-        if name in {"NotApplicable", "InfeasibleMemoryLimit", "DatabaseError", "SolverUnavailable"}:
+    except Exception as e:
+        # user errors of parts imported lazily (matched by name, subclasses included, so the
+        # command line does not import the solver or the database to recognise them)
+        if any(c.__name__ in _PART_USER_ERRORS for c in type(e).__mro__):
             _fail(str(e))
         raise
+
+
+_PART_USER_ERRORS = frozenset(
+    {"NotApplicable", "InfeasibleMemoryLimit", "DatabaseError", "TraceError"}
+)
 
 
 def _fail(message: str) -> None:

@@ -226,3 +226,21 @@ def test_baseline_unknown_name_and_not_applicable(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "unknown baseline" in res.stderr
     res = runner.invoke(app, ["baseline", "zbv", str(prob)])
     assert res.exit_code == 2 and "num_chunks=2" in res.stderr
+
+
+def test_user_errors_of_lazily_imported_parts_are_one_line_including_subclasses(
+    tmp_path: Path,
+) -> None:
+    import typer
+
+    from optpipe_lightning.cli import user_errors
+    from optpipe_lightning.profiles_db import NotFoundError, open_database
+    from optpipe_lightning.profiles_db import repository as repo
+
+    db = open_database(f"sqlite:///{tmp_path / 'p.db'}")
+    with pytest.raises(typer.Exit) as exit_info, user_errors(), db.session() as s:
+        repo.get_profile(s, 7)  # NotFoundError, a subclass of DatabaseError
+    assert exit_info.value.exit_code == 2
+    with pytest.raises(KeyError), user_errors():  # a bug is not dressed up as a user error
+        raise KeyError("bug")
+    assert issubclass(NotFoundError, LookupError)
