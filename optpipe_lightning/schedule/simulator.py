@@ -12,6 +12,12 @@ Memory (per stage, activations only, starting at 0): F adds ``m_f`` when it ends
 and W ``m_w`` when they end (a BW both), an OFFLOAD frees its bytes when it ends, a RELOAD
 allocates them when it starts. Changes at the same instant net out before the limit is checked.
 
+Memory wait: an F whose allocation would not fit when it ends is delayed until it fits, but only
+by the stage's own OFFLOADs listed before it: it ends no earlier than the earliest of their ends
+that makes it fit (the executor waits on that copy). If none does, it runs as early as its list
+position allows and the memory violation is reported. A schedule that fits without waiting is
+timed exactly as without this rule.
+
 The same function is the validator: a schedule with missing or duplicate ops, an order that cannot
 progress (deadlock), a reload after its B, an offload of an activation that is not there, or
 memory above the limit at any instant is reported with every violation by name.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -43,6 +50,9 @@ class Timeline:
     actions: list[list[Action]]
     start: list[np.ndarray]
     end: list[np.ndarray]
+    # per stage, (index of an F, index of the OFFLOAD it waited for) in list positions: the
+    # memory waits the executor must honour (it waits on that copy before the F)
+    memory_waits: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def compute_rows(self, stage: int) -> list[tuple[Action, float, float]]:
         return [
@@ -285,6 +295,32 @@ class _Simulator:
         self.dur = D[code, stage, ch]
         self.is_compute = is_c
 
+    def _memory_tables(self) -> tuple[list[float], list[bool], list[bool], list[int], list[float]]:
+        """For the memory wait: each op's memory delta, whether it is an OFFLOAD, whether it is
+        an allocating F, and per op the number and the reload bytes of its stage's transfers
+        listed before it."""
+        pb = self.pb
+        code, stage, ch, n = self.code, self.stage, self.ch, self.n
+        m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
+        pbk = pb.cost("offload_bytes")
+        DM = np.stack([m_f, m_b, m_w, m_b + m_w, -pbk, pbk])
+        delta = DM[code, stage, ch]
+        is_x = (~self.is_compute).astype(np.int64)
+        before = np.cumsum(is_x) - is_x  # transfers before each op, counted over all stages
+        rel = np.where(code == 5, pbk[stage, ch], 0.0)
+        rbefore = np.cumsum(rel) - rel
+        if n:
+            first = self.offset[stage]
+            before = before - before[first]
+            rbefore = rbefore - rbefore[first]
+        return (
+            delta.tolist(),
+            (code == 4).tolist(),
+            ((code == 0) & (delta > 0)).tolist(),
+            before.tolist(),
+            rbefore.tolist(),
+        )
+
     def run(self) -> SimResult:
         pb = self.pb
         p = pb.num_stages
@@ -317,7 +353,11 @@ class _Simulator:
         off = self.offset
         starts = [start[off[s] : off[s + 1]] for s in range(p)]
         ends = [end[off[s] : off[s + 1]] for s in range(p)]
-        timeline = Timeline(self.actions, starts, ends)
+        waits: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        for f_op, o_op in sorted(self.waited.items()):
+            s = int(self.stage[f_op])
+            waits[s].append((f_op - int(off[s]), o_op - int(off[s])))
+        timeline = Timeline(self.actions, starts, ends, waits)
         n = self.n
         makespan = float(end.max() - start.min()) if n else 0.0
         is_c = self.is_compute
@@ -397,6 +437,22 @@ class _Simulator:
             if xfer_q[s]:
                 chan_members.setdefault(channel[s], []).append(s)
         chan_free = dict.fromkeys(chan_members, 0.0)
+        # memory wait (see the module docstring): per stage the compute ops' running level, and
+        # the timed transfers' memory events (time, cumulative delta, is-offload) in list order,
+        # which is also time order since a stage's transfers run one at a time in list order
+        cap = [
+            None if lim is None else lim * (1 + MEMORY_TOLERANCE) + 1e-6
+            for lim in pb.memory_limits()
+        ]
+        if any(c is not None for c in cap):
+            mdelta, is_off, waits_for_memory, xbefore, rbefore = self._memory_tables()
+        comp_level = [0.0] * p
+        xev_t: list[list[float]] = [[] for _ in range(p)]
+        xev_cum: list[list[float]] = [[] for _ in range(p)]
+        xev_off: list[list[bool]] = [[] for _ in range(p)]
+        reloaded = [0.0] * p  # bytes of the stage's timed reloads
+        waited: dict[int, int] = {}  # F op -> the OFFLOAD op it waited for
+        self.waited = waited
         waiters: dict[int, list[int]] = {}
         # work items: s >= 0 = compute queue of stage s; -1 - c = copy channel c
         work: list[int] = [-1 - c for c in chan_members] + list(range(p - 1, -1, -1))
@@ -425,6 +481,57 @@ class _Simulator:
                     return b
             return -1
 
+        def record(op: int, s: int, t: float, e: float) -> None:
+            """A timed transfer's memory event (offload: -bytes at its end; reload: +bytes at
+            its start)."""
+            dm = mdelta[op]
+            cum = xev_cum[s]
+            cum.append((cum[-1] if cum else 0.0) + dm)
+            if is_off[op]:
+                xev_t[s].append(e)
+                xev_off[s].append(True)
+            else:
+                xev_t[s].append(t)
+                xev_off[s].append(False)
+                reloaded[s] += dm
+
+        def memory_start(s: int, op: int, t: float, du: float) -> tuple[float, int]:
+            """Start of F ``op`` (ready at ``t``) under the memory wait, and -1; or (t, the op
+            id of an earlier-listed transfer of the stage that must be timed first)."""
+            lim = cap[s]
+            assert lim is not None
+            base = comp_level[s] + mdelta[op]
+            nb = xbefore[op]
+            times, cum = xev_t[s], xev_cum[s]
+            ntimed = len(times)
+            tau = t + du
+            if ntimed < nb:
+                # not all earlier transfers are timed: decide now only if it fits even when
+                # every earlier reload has allocated and no untimed offload has freed
+                i = bisect_right(times, tau)
+                lvl = base + (cum[i - 1] if i else 0.0) + rbefore[op] - reloaded[s]
+                if lvl <= lim:
+                    return t, -1
+                return t, xfer_q[s][ntimed]
+            i = bisect_right(times, tau, 0, nb)
+            if base + (cum[i - 1] if i else 0.0) <= lim:
+                return t, -1
+            offs = xev_off[s]
+            k = i
+            while k < nb:
+                if offs[k]:
+                    tk = times[k]
+                    j = k + 1
+                    while j < nb and times[j] <= tk:
+                        j += 1
+                    if base + cum[j - 1] <= lim:  # tk > t + du: a real wait
+                        waited[op] = xfer_q[s][k]
+                        return tk - du, -1
+                    k = j
+                else:
+                    k += 1
+            return t, -1  # no earlier offload makes it fit: the violation is reported
+
         def run_private_channel(c: int, s: int) -> int:
             """A channel of one stage: transfers in list order, no arbitration."""
             k0 = k = xfer_ptr[s]
@@ -442,6 +549,8 @@ class _Simulator:
                 start[op] = t
                 free = t + du
                 end[op] = free
+                if cap[s] is not None:
+                    record(op, s, t, free)
                 k += 1
                 if op in waiters:
                     wake(op)
@@ -490,6 +599,8 @@ class _Simulator:
                 start[op] = t
                 e = t + xfer_rows[s][xfer_ptr[s]][5]
                 end[op] = e
+                if cap[s] is not None:
+                    record(op, s, t, e)
                 chan_free[c] = e
                 xfer_ptr[s] += 1
                 started += 1
@@ -506,24 +617,53 @@ class _Simulator:
                 s = item
                 k0 = k = comp_ptr[s]
                 free = dev_free[s]
-                for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
-                    ea, eb, ec = end[a], end[b], end[c]
-                    if ea < 0 or eb < 0 or ec < 0:
-                        wait_on(a if ea < 0 else (b if eb < 0 else c), s)
-                        break
-                    t = ea + la
-                    if eb + lb > t:
-                        t = eb + lb
-                    if ec > t:  # the third dependency (a reload) has no lag
-                        t = ec
-                    if free > t:
-                        t = free
-                    start[op] = t
-                    free = t + du
-                    end[op] = free
-                    k += 1
-                    if op in waiters:
-                        wake(op)
+                if cap[s] is None:
+                    for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
+                        ea, eb, ec = end[a], end[b], end[c]
+                        if ea < 0 or eb < 0 or ec < 0:
+                            wait_on(a if ea < 0 else (b if eb < 0 else c), s)
+                            break
+                        t = ea + la
+                        if eb + lb > t:
+                            t = eb + lb
+                        if ec > t:  # the third dependency (a reload) has no lag
+                            t = ec
+                        if free > t:
+                            t = free
+                        start[op] = t
+                        free = t + du
+                        end[op] = free
+                        k += 1
+                        if op in waiters:
+                            wake(op)
+                else:
+                    level = comp_level[s]
+                    for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
+                        ea, eb, ec = end[a], end[b], end[c]
+                        if ea < 0 or eb < 0 or ec < 0:
+                            wait_on(a if ea < 0 else (b if eb < 0 else c), s)
+                            break
+                        t = ea + la
+                        if eb + lb > t:
+                            t = eb + lb
+                        if ec > t:
+                            t = ec
+                        if free > t:
+                            t = free
+                        if waits_for_memory[op]:
+                            comp_level[s] = level
+                            t, blocker = memory_start(s, op, t, du)
+                            if blocker >= 0:
+                                wait_on(blocker, s)
+                                break
+                        start[op] = t
+                        free = t + du
+                        end[op] = free
+                        level += mdelta[op]
+                        k += 1
+                        if op in waiters:
+                            wake(op)
+                    comp_level[s] = level
                 done += k - k0
                 comp_ptr[s] = k
                 dev_free[s] = free
