@@ -204,7 +204,7 @@ class _Model:
     def _add_no_voluntary_idle(self, window: int | None) -> None:
         """Only timings the simulator reproduces (see ``tight_options``)."""
         md = self.model
-        options = tight_options(self.pb, list(self.start), self.deps, window)
+        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur)
         for key, opts in options.items():
             lits = []
             for a, lag in opts:
@@ -379,14 +379,16 @@ def tight_options(
     keys: list[OpKey],
     deps: dict[OpKey, list[tuple[OpKey, int]]],
     window: int | None,
+    dur: dict[OpKey, int] | None = None,
 ) -> dict[OpKey, list[tuple[OpKey | None, int]]]:
     """What each op's start may equal in a timing the simulator reproduces.
 
-    The simulator runs every op as early as its list position allows and cannot hold an op
-    back to wait for memory, so a timing it reproduces starts every op at time 0 (``None``), at
-    a dependency's end plus its hop, or exactly when another op of its device ends (a transfer:
-    a compute op of its stage, its issue point, or a transfer of its copy channel). A solution
-    that idles on purpose would be timed earlier there and could break the memory limit.
+    The simulator runs every op as early as its list position allows, so a timing it reproduces
+    starts every op at time 0 (``None``), at a dependency's end plus its hop, or exactly when
+    another op of its device ends (a transfer: a compute op of its stage, its issue point, or a
+    transfer of its copy channel). The one wait it knows is for memory: an F may end exactly
+    when an earlier OFFLOAD of its stage ends (given ``dur``, the ticks of each op). A solution
+    that idles otherwise would be timed earlier there and could break the memory limit.
     """
     chan = problem.channel_of()
     compute: dict[int, list[OpKey]] = {}
@@ -422,5 +424,14 @@ def tight_options(
         if key[0] in ("OFFLOAD", "RELOAD"):
             cands += [a for a in xfers.get(chan[s], []) if a[1:] != key[1:] and near(a, key)]
         opts.extend((a, 0) for a in cands if a not in seen)
+        if key[0] == "F" and dur is not None:
+            opts.extend(
+                (a, -dur[key])
+                for a in xfers.get(chan[s], [])
+                if a[0] == "OFFLOAD"
+                and a[1] == s
+                and near(a, key)
+                and not (a[2] == key[2] and a[3] >= key[3])  # its own, or a later F's
+            )
         out[key] = opts
     return out

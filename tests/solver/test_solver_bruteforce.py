@@ -70,7 +70,9 @@ def _exhaustive(pb: Problem, fused: bool) -> float:
     return best
 
 
-def _problem(p: int, m: int, *, t_w: float, limit: float | None, offload: bool) -> Problem:
+def _problem(
+    p: int, m: int, *, t_w: float, limit: float | None, offload: bool, bandwidth: float = 4.0
+) -> Problem:
     return Problem(
         num_stages=p,
         num_microbatches=m,
@@ -82,28 +84,36 @@ def _problem(p: int, m: int, *, t_w: float, limit: float | None, offload: bool) 
         m_b=-1.0,
         m_w=-1.0,
         memory_limit=limit,
-        offload={"bytes": 2.0, "d2h_bandwidth": 4.0, "h2d_bandwidth": 4.0} if offload else None,
+        offload={"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth}
+        if offload
+        else None,
     )
 
 
-# (stages, microbatches, t_w, memory limit, offload, fused exhaustive search)
-# fused search with t_w = 0 is exact: a zero-length W is best right after its B.
+# (stages, microbatches, t_w, memory limit, offload, fused exhaustive search, copy bandwidth)
+# fused search with t_w = 0 is exact: a zero-length W is best right after its B. Bandwidth 4
+# makes a copy half an F; bandwidth 1 makes it two Fs, so the best schedules let an F wait for
+# an offload to free memory (the simulator's memory wait).
 CASES = [
-    pytest.param(2, 2, 1.0, None, False, False, id="2x2-unlimited"),
-    pytest.param(2, 2, 1.0, 2.0, False, False, id="2x2-mem1-no-offload"),
-    pytest.param(3, 2, 1.0, 2.0, False, False, id="3x2-mem1-no-offload"),
-    pytest.param(2, 3, 0.0, 3.0, False, True, id="2x3-mem1.5-no-offload"),
-    pytest.param(2, 2, 0.0, 2.0, False, True, id="2x2-mem1-no-offload-fused"),
-    pytest.param(2, 2, 0.0, 2.0, True, True, id="2x2-mem1-offload"),
-    pytest.param(2, 2, 0.0, 3.0, True, True, id="2x2-mem1.5-offload", marks=pytest.mark.slow),
+    pytest.param(2, 2, 1.0, None, False, False, 4.0, id="2x2-unlimited"),
+    pytest.param(2, 2, 1.0, 2.0, False, False, 4.0, id="2x2-mem1-no-offload"),
+    pytest.param(3, 2, 1.0, 2.0, False, False, 4.0, id="3x2-mem1-no-offload"),
+    pytest.param(2, 3, 0.0, 3.0, False, True, 4.0, id="2x3-mem1.5-no-offload"),
+    pytest.param(2, 2, 0.0, 2.0, False, True, 4.0, id="2x2-mem1-no-offload-fused"),
+    pytest.param(2, 2, 0.0, 2.0, True, True, 4.0, id="2x2-mem1-offload"),
+    pytest.param(2, 2, 0.0, 2.0, True, True, 1.0, id="2x2-mem1-slow-offload"),
+    pytest.param(2, 2, 0.0, 3.0, True, True, 4.0, id="2x2-mem1.5-offload", marks=pytest.mark.slow),
+    pytest.param(
+        2, 2, 0.0, 3.0, True, True, 1.0, id="2x2-mem1.5-slow-offload", marks=pytest.mark.slow
+    ),
 ]
 
 
-@pytest.mark.parametrize("p,m,t_w,limit,offload,fused", CASES)
+@pytest.mark.parametrize("p,m,t_w,limit,offload,fused,bandwidth", CASES)
 def test_optimum_equals_exhaustive_search(
-    p: int, m: int, t_w: float, limit: float | None, offload: bool, fused: bool
+    p: int, m: int, t_w: float, limit: float | None, offload: bool, fused: bool, bandwidth: float
 ) -> None:
-    pb = _problem(p, m, t_w=t_w, limit=limit, offload=offload)
+    pb = _problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
     brute = exhaustive_optimum(pb, fused)
     res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
     assert res.status == "optimal"
@@ -119,3 +129,10 @@ def test_offload_beats_no_offload_on_the_tiny_case() -> None:
     without = exhaustive_optimum(_problem(2, 2, t_w=0.0, limit=2.0, offload=False), True)
     assert with_off == pytest.approx(10.0)
     assert without == pytest.approx(14.0)
+
+
+def test_slow_offload_pays_only_with_the_memory_wait() -> None:
+    """Copies twice as slow as an F: the best schedule has an F wait for an offload (13 s; 14 s
+    without offload, which is also the best when no F may wait)."""
+    pb = _problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0)
+    assert exhaustive_optimum(pb, True) == pytest.approx(13.0)
