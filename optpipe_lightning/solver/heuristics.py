@@ -6,9 +6,11 @@ it finishes, and only while the stage has fewer than ``inflight`` microbatches i
 transfer is issued the way the simulator issues it (after the compute op listed before it), so
 the simulator reproduces the greedy's timing; the simulator still judges every result.
 
-The simulator runs each op as soon as its list position and dependencies allow and cannot hold
-an op back to wait for memory, so neither does the greedy: a forward that is ready but does not
-fit is put after the next op that becomes ready later (the device idles until then).
+The simulator runs each op as soon as its list position and dependencies allow; the one wait it
+knows is the memory wait (an F that would not fit ends when an earlier offload of its stage that
+makes it fit ends). So a forward that is ready but does not fit either waits that way (rules with
+``wait``, only when no B or W is ready to fill the time) or is put after the next op that becomes
+ready later (the device idles until then).
 
 Offload rules: ``"none"`` (memory-aware, no transfers), ``"all"`` (offload every activation except
 on the last virtual stage, which runs its B right after its F), ``"lazy"`` (offload only when the
@@ -37,6 +39,7 @@ class ListRule:
     inflight: float | None = 1.0  # factor on the 1F1B depth (G - group); None = unlimited
     deep_first: bool = True  # among ready F's, the deeper virtual stage first
     reload_lead: int = 1
+    wait: bool = False  # a forward that does not fit may wait for an offload to free memory
 
 
 def default_rules(problem: Problem) -> list[ListRule]:
@@ -51,6 +54,10 @@ def default_rules(problem: Problem) -> list[ListRule]:
             ListRule("offload-all-wide", "all", 2.0),
             ListRule("offload-lazy-wide", "lazy", 2.0, reload_lead=2),
             ListRule("offload-all-mbfirst", "all", 1.0, deep_first=False),
+            ListRule("offload-all-lead2-wait", "all", 1.0, reload_lead=2, wait=True),
+            ListRule("offload-all-wait", "all", 1.0, wait=True),
+            ListRule("offload-lazy-wait", "lazy", 1.0, wait=True),
+            ListRule("offload-all-wide-wait", "all", 2.0, wait=True),
         ]
     rules += [
         ListRule("greedy", "none", None),
@@ -85,6 +92,29 @@ class _Memory:
             k += 1
         if k:
             del ev[:k]
+
+    def wait_until(self, t: float, d: float) -> float | None:
+        """The simulator's memory wait for ``d`` bytes that do not fit at ``t``: the first
+        later freeing event after which the level fits, if the level fits from there on."""
+        if self.limit is None:
+            return None
+        lim = self.limit * (1 + 1e-9) + 1e-6
+        level = self.base + d
+        ev = self.events
+        i, n = 0, len(ev)
+        while i < n and ev[i][0] <= t + _EPS:
+            level += ev[i][1]
+            i += 1
+        while i < n:
+            t0 = ev[i][0]
+            freeing = False
+            while i < n and ev[i][0] <= t0 + _EPS:
+                freeing = freeing or ev[i][1] < 0
+                level += ev[i][1]
+                i += 1
+            if freeing and level <= lim:
+                return t0 if self.fits(t0, d) else None
+        return None
 
     def fits(self, t: float, d: float) -> bool:
         """Whether adding ``d`` at time ``t`` keeps every later level within the limit."""
@@ -261,6 +291,7 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                 key = (0, -g, g, nb[g])
                 if best is None or key < best:
                     best = key
+        waiting: tuple[float, int, int] | None = None  # (start, group, mb) of a waiting F
         if best is None:
             for g in groups_of[s]:
                 r = f_ready(g)
@@ -269,7 +300,12 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                 c = table[g][1]
                 if not fresh and r < now - _EPS:
                     continue  # listed next, the simulator would have run it earlier
-                if not mem[s].fits(now + float(t_f[s, c]), float(m_f[s, c])):
+                d = float(t_f[s, c])
+                if not mem[s].fits(now + d, float(m_f[s, c])):
+                    if rule.wait and fresh:
+                        tw = mem[s].wait_until(now + d, float(m_f[s, c]))
+                        if tw is not None and (waiting is None or tw - d < waiting[0]):
+                            waiting = (tw - d, g, nf[g])
                     continue
                 key = (1, -g if rule.deep_first else nf[g] * G + g, g, nf[g])
                 if best is None or key < best:
@@ -281,6 +317,10 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                     key = (2, nw[g] * G - g, g, nw[g])
                     if best is None or key < best:
                         best = key
+        if best is None and waiting is not None:
+            # nothing else to run: the forward waits for the copy that frees its memory
+            now, g, j = waiting
+            best = (1, 0, g, j)
         if best is None:
             return
         kind, _k, g, j = best
