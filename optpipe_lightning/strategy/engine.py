@@ -35,8 +35,11 @@ class ScheduleRejectedError(ValueError):
     """The schedule failed the simulator's validation or torch's lowering; it is never run."""
 
 
-def validate_for_execution(problem: Problem, schedule: Schedule) -> None:
-    """The simulator's verdict (feasible) plus torch's lowering; raises with every reason."""
+def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tuple[int, int]]]:
+    """The simulator's verdict (feasible) plus torch's lowering; raises with every reason.
+
+    Returns the schedule's memory waits per stage (list positions of an F and of the OFFLOAD it
+    waits for), which the executor honours."""
     if schedule.num_stages != problem.num_stages:
         raise ScheduleRejectedError(
             f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
@@ -60,6 +63,8 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> None:
         check_lowering(problem, schedule.actions)
     except ValueError as e:
         raise ScheduleRejectedError(f"schedule {schedule.generator!r}: {e}") from e
+    assert res.timeline is not None
+    return res.timeline.memory_waits
 
 
 class PipelineEngine:
@@ -78,7 +83,7 @@ class PipelineEngine:
         offload_min_bytes: int = 0,
         measure: bool = False,
     ) -> None:
-        validate_for_execution(schedule.problem or problem, schedule)
+        waits = validate_for_execution(schedule.problem or problem, schedule)
         self.problem = problem
         self.schedule = schedule
         self.pp_rank = pp_rank
@@ -98,7 +103,9 @@ class PipelineEngine:
             self.local_modules.append(chain)
         params = [p for m in self.local_modules for p in m.parameters()]
         self.offload = OffloadManager(device, params, offload_min_bytes)
-        self.cursor = RankCursor(schedule.actions[pp_rank], self.offload, device, measure=measure)
+        self.cursor = RankCursor(
+            schedule.actions[pp_rank], self.offload, device, measure=measure, waits=waits[pp_rank]
+        )
         num_groups = problem.num_virtual_stages
         self.stages = [
             OptPipeStage(m, g, num_groups, device, pp_group, chunk=c, cursor=self.cursor)
@@ -242,9 +249,9 @@ class PipelineEngine:
                 f"({', '.join(f'{k}={getattr(target, k)}' for k in shape)}); a switch keeps "
                 "stages, microbatches, chunks and placement"
             )
-        validate_for_execution(target, schedule)
+        waits = validate_for_execution(target, schedule)
         load_order(self.runtime, torch_order(target, schedule.actions))
-        self.cursor.set_actions(schedule.actions[self.pp_rank])
+        self.cursor.set_actions(schedule.actions[self.pp_rank], waits[self.pp_rank])
         self.schedule = schedule
         self.problem = target
 

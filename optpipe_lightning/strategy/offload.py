@@ -11,6 +11,9 @@ Two backends with the same bookkeeping:
 
 - ``CudaCopyEngine``: pinned host buffers, one copy stream, events; the copy stream waits on the
   compute stream before an offload, the compute stream waits on the reload event at first unpack.
+  A forward that the schedule has wait for an offload (the simulator's memory wait) starts only
+  once that copy's event has completed on the host, so the caching allocator can reuse the
+  offloaded blocks for the forward's activations.
 - ``HostCopyEngine``: synchronous clones (CPU / gloo runs), so tests walk the same states.
 
 Parameters (matched by storage) and tensors below ``min_bytes`` are not moved: they stay as they
@@ -66,6 +69,9 @@ class HostCopyEngine:
     def wait(self, event: Any) -> None:
         return None
 
+    def synchronize(self, event: Any) -> None:
+        return None
+
 
 class CudaCopyEngine:  # pragma: no cover - exercised on GPU machines only
     """Pinned host buffers and a copy stream; compute waits on events, not on the whole device."""
@@ -105,6 +111,12 @@ class CudaCopyEngine:  # pragma: no cover - exercised on GPU machines only
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
+    def synchronize(self, event: Any) -> None:
+        """Block the host until the copy is done: the allocator frees a block used on the copy
+        stream only once the host sees that stream's work completed."""
+        if event is not None:
+            event.synchronize()
+
 
 @dataclass
 class ActivationStore:
@@ -120,6 +132,7 @@ class ActivationStore:
     moved_bytes: int = 0
     _by_view: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _reload_event: Any = None
+    _offload_event: Any = None
     _waited: bool = False
 
     # -- pack / unpack --------------------------------------------------------------------------
@@ -171,7 +184,7 @@ class ActivationStore:
             e.host_tensor = self.engine.to_host(t)
             moved += t.numel() * t.element_size()
             e.device_tensor = None
-        self.engine.after_offload()
+        self._offload_event = self.engine.after_offload()
         self.moved_bytes = moved
         self.state = StoreState.OFFLOADED
 
@@ -224,6 +237,15 @@ class OffloadManager:
         st.offload()
         self.offloaded_total += st.moved_bytes
         self.history.append(("OFFLOAD", key, st.moved_bytes))
+
+    def wait_offloaded(self, key: tuple[int, int, int]) -> None:
+        """The memory wait: block until the offload of ``key`` has left the device."""
+        st = self.stores.get(key)
+        if st is None or st.state not in (StoreState.OFFLOADED, StoreState.RELOADED):
+            state = "unknown" if st is None else f"in state {st.state.value}"
+            raise OffloadStateError(f"a forward waits for the offload of {key}, {state}")
+        self.engine.synchronize(st._offload_event)
+        self.history.append(("WAIT", key, st.moved_bytes))
 
     def reload(self, key: tuple[int, int, int]) -> None:
         st = self.stores.get(key)

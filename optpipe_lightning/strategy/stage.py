@@ -39,12 +39,13 @@ class RankCursor:
         offload: OffloadManager | None,
         device: torch.device,
         measure: bool = False,
+        waits: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.device = device
         self.offload = offload
         self.measure = measure  # time every compute action
         self.count_bytes = measure  # count the bytes each forward saves for backward
-        self.set_actions(actions)
+        self.set_actions(actions, waits)
         # measurements: (op, chunk) -> list of seconds ; chunk -> list of saved bytes per forward
         self.times: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.saved_bytes: dict[int, list[int]] = defaultdict(list)
@@ -58,9 +59,24 @@ class RankCursor:
     def set_measure(self, on: bool) -> None:
         self.measure = self.count_bytes = on
 
-    def set_actions(self, actions: Sequence[Action]) -> None:
+    def drop_times(self) -> None:
+        """Forget the op times measured so far (a warm-up step's), keep the byte counts."""
+        self.times.clear()
+
+    def set_actions(self, actions: Sequence[Action], waits: Sequence[tuple[int, int]] = ()) -> None:
+        """This rank's list, and its memory waits: (position of an F, position of the OFFLOAD
+        whose copy must have left the device before that F runs), from the simulator."""
         self.actions = list(actions)
         self.offloaded = {(a.mb, a.chunk) for a in self.actions if a.op == "OFFLOAD"}
+        self.waits: dict[int, tuple[int, int, int]] = {}
+        for f_pos, o_pos in waits:
+            f, o = self.actions[f_pos], self.actions[o_pos]
+            if f.op != "F" or o.op != "OFFLOAD" or o_pos >= f_pos:
+                raise ValueError(
+                    f"memory wait ({f_pos}, {o_pos}) does not pair an F with an "
+                    "earlier OFFLOAD of this list"
+                )
+            self.waits[f_pos] = (0, o.mb, o.chunk)
         self.reset()
 
     def reset(self) -> None:
@@ -84,6 +100,9 @@ class RankCursor:
             raise ScheduleDivergenceError(
                 f"torch ran {op} mb {mb} chunk {chunk}, the schedule has {a} next"
             )
+        wait = self.waits.get(self.pos)
+        if wait is not None and self.offload is not None:
+            self.offload.wait_offloaded(wait)  # the memory wait: the copy must be done
         if self.measure:
             self._t0 = self._now()
 
