@@ -195,20 +195,22 @@ def _move_w_before(
     pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], tl: object, t: float
 ) -> float | None:
     """Move the first W of stage ``s`` whose B has ended before the F that ends at ``t`` (and
-    that is listed after it) to just before that F; the memory change it brings, or None."""
+    that is listed after it) to just before that F; the memory change it brings, or None.
+
+    Positions are looked up in ``ops`` (which earlier moves of this round may have changed);
+    times come from the last simulation."""
     from ..schedule.simulator import Timeline
 
     assert isinstance(tl, Timeline)
-    comp = [(a, float(st), float(en)) for a, st, en in tl.compute_rows(s)]
-    fi = next(
-        (i for i, (a, _st, en) in enumerate(comp) if a.op == "F" and abs(en - t) <= 1e-9), None
-    )
-    if fi is None:
+    rows = tl.compute_rows(s)
+    hit = next(((a, st) for a, st, en in rows if a.op == "F" and abs(en - t) <= 1e-9), None)
+    if hit is None:
         return None
-    f_start = comp[fi][1]
-    b_end = {(a.mb, a.chunk): en for a, _st, en in comp if a.op == "B"}
-    for j in range(fi + 1, len(comp)):
-        a = comp[j][0]
+    f_action, f_start = hit
+    b_end = {(a.mb, a.chunk): en for a, _st, en in rows if a.op == "B"}
+    fi = ops.index(f_action)
+    for j in range(fi + 1, len(ops)):
+        a = ops[j]
         if a.op == "W" and b_end.get((a.mb, a.chunk), float("inf")) <= f_start + 1e-9:
             w = ops.pop(j)
             ops.insert(fi, w)
