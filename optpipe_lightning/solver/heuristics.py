@@ -40,6 +40,7 @@ class ListRule:
     deep_first: bool = True  # among ready F's, the deeper virtual stage first
     reload_lead: int = 1
     wait: bool = False  # a forward that does not fit may wait for an offload to free memory
+    headroom: int = 1  # "lazy": offload when fewer than this many more forwards would fit
 
 
 def default_rules(problem: Problem) -> list[ListRule]:
@@ -58,6 +59,9 @@ def default_rules(problem: Problem) -> list[ListRule]:
             ListRule("offload-all-wait", "all", 1.0, wait=True),
             ListRule("offload-lazy-wait", "lazy", 1.0, wait=True),
             ListRule("offload-all-wide-wait", "all", 2.0, wait=True),
+            ListRule("offload-lazy-wait-lead3", "lazy", 1.5, reload_lead=3, wait=True),
+            ListRule("offload-lazy-wait-wide-lead3", "lazy", 2.0, reload_lead=3, wait=True),
+            ListRule("offload-lazy-wait-room2", "lazy", 1.0, reload_lead=2, wait=True, headroom=2),
         ]
     rules += [
         ListRule("greedy", "none", None),
@@ -265,7 +269,7 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                 do = rule.offload == "all"
                 if rule.offload == "lazy" and limits[s] is not None:
                     nxt = max(float(m_f[s, cc]) for cc in range(v))
-                    do = not mem[s].fits(now + _EPS, nxt)
+                    do = not mem[s].fits(now + _EPS, nxt * rule.headroom)
                 if do:
                     offloaded[g][j] = True
                     issue_transfer(s, "OFFLOAD", g, j, f_end[g][j], now)
