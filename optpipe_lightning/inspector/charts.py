@@ -57,6 +57,7 @@ _TIMELINE_TOOLTIP = [
     alt.Tooltip("chunk:O", title="chunk"),
     alt.Tooltip("start_ms:Q", title="start (ms)", format=".3f"),
     alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f"),
+    alt.Tooltip("waits_for:N", title="waited for memory (copy)"),
 ]
 
 

@@ -27,6 +27,7 @@ TIMELINE_COLUMNS = [
     "end_ms",
     "duration_ms",
     "label",
+    "waits_for",
 ]
 
 
@@ -64,6 +65,10 @@ def timeline_frame(sim: SimResult) -> pd.DataFrame:
         start = np.asarray(tl.start[s], dtype=float) * MS
         end = np.asarray(tl.end[s], dtype=float) * MS
         kinds = [a.op for a in row]
+        waits = [""] * len(row)
+        for f_pos, o_pos in tl.memory_waits[s] if tl.memory_waits else ():
+            o = row[o_pos]
+            waits[f_pos] = f"offload of mb {o.mb}" + (f" chunk {o.chunk}" if o.chunk else "")
         parts.append(
             pd.DataFrame(
                 {
@@ -76,6 +81,7 @@ def timeline_frame(sim: SimResult) -> pd.DataFrame:
                     "end_ms": end,
                     "duration_ms": end - start,
                     "label": [str(a.mb) for a in row],
+                    "waits_for": waits,  # the memory wait: the copy this F waited for
                 }
             )
         )

@@ -249,3 +249,37 @@ def test_time_window_clips_bars() -> None:
     assert w["micro"].tolist() == [0, 1]
     assert w["start_ms"].tolist() == [5.0, 10.0] and w["end_ms"].tolist() == [10.0, 15.0]
     assert w["duration_ms"].tolist() == [10.0, 10.0]  # the tooltip keeps the op's own duration
+
+
+def test_timeline_names_the_copy_a_forward_waited_for() -> None:
+    from optpipe_lightning.schedule import Action, Problem
+
+    pb = Problem(
+        num_stages=1,
+        num_microbatches=2,
+        t_f=1.0,
+        t_b=1.0,
+        t_w=1.0,
+        m_f=1.0,
+        m_b=-0.5,
+        m_w=-0.5,
+        memory_limit=1.0,
+        offload={"bytes": 1.0, "d2h_bandwidth": 1 / 3, "h2d_bandwidth": 1 / 3},
+    )
+    rows = [
+        [
+            Action("F", 0),
+            Action("OFFLOAD", 0),
+            Action("F", 1),
+            Action("BW", 1),
+            Action("RELOAD", 0),
+            Action("BW", 0),
+        ]
+    ]
+    tl = frames.timeline_frame(simulate(pb, rows))
+    f1 = tl[(tl["kind"] == "F") & (tl["micro"] == 1)].iloc[0]
+    assert f1["waits_for"] == "offload of mb 0"
+    assert f1["start_ms"] == pytest.approx(3000.0)  # ends with the copy (1 s .. 4 s)
+    assert (tl[tl["micro"] == 0]["waits_for"] == "").all()
+    spec = charts.timeline_chart(tl).to_dict()
+    assert "waits_for" in json.dumps(spec)
