@@ -5,7 +5,10 @@ cursor times every F, B (input gradient) and W (weight gradient) per chunk (CUDA
 ``perf_counter`` on CPU) and counts the bytes autograd saves in each forward (saved-tensor hooks,
 parameters excluded, storages counted once). Afterwards ``measure_p2p`` times a ping-pong of one
 stage output between neighbouring ranks and ``measure_copy_bandwidth`` the host copies. The
-first profiling step is a warm-up and is dropped.
+first profiling step is a warm-up: the strategy drops its op times (``RankCursor.drop_times``)
+and keeps only its byte counts. Each op's cost is the interquartile mean of its samples
+(``calibration.robust_mean``): a sample inflated by a preempted process or a page fault does not
+move it.
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ from ..schedule.profile import (
     Profile,
     StageProfile,
 )
+from .calibration import fit_overhead, robust_mean
 from .stage import RankCursor
 
 _MIN_SECONDS = 1e-7
 
 
 def _stats(xs: Sequence[float]) -> OpStats:
+    """``mean`` is the interquartile mean (robust to spikes); std, min, max over all samples."""
     xs = [max(float(x), _MIN_SECONDS) for x in xs] or [_MIN_SECONDS]
     return OpStats(
-        mean=statistics.fmean(xs),
+        mean=max(robust_mean(xs), _MIN_SECONDS),
         std=statistics.pstdev(xs) if len(xs) > 1 else 0.0,
         min=min(xs),
         max=max(xs),
@@ -72,18 +77,14 @@ def runtime_overhead(
 
     The op times measure the compute inside each action; the step also pays for posting p2p
     ops, waiting on them beyond ``t_comm``, loss bookkeeping and Python between actions. The
-    median profiling step minus the simulator's makespan for the same schedule on the measured
-    costs, spread over the busiest rank's compute actions, is that overhead per action.
+    overhead is the seconds which, added to every compute action, make the simulator's makespan
+    of the profiling schedule on the measured costs equal the median timed profiling step
+    (``calibration.fit_overhead``; 0 when the compute alone takes that long).
     """
-    from ..schedule import simulate
-
     if not step_seconds:
         return 0.0
     problem = profile.to_problem().with_changes(offload=None)
-    sim = simulate(problem, schedule_actions).makespan or 0.0
-    per_rank = max(sum(1 for a in row if a.op in ("F", "B", "W", "BW")) for row in schedule_actions)
-    residual = statistics.median(step_seconds) - sim
-    return max(0.0, residual) / max(per_rank, 1)
+    return fit_overhead(problem, schedule_actions, statistics.median(step_seconds))
 
 
 def with_overhead(profile: Profile, seconds: float) -> Profile:

@@ -7,7 +7,9 @@ best incumbent that the simulator finds feasible on the problem and that beats t
 schedule by ``min_gain`` (relative makespan), and broadcasts a decision to all ranks
 (``SwitchDecision``); every rank then switches before the next step. So all ranks change schedule
 at the same optimizer-step boundary, and a schedule that fails the simulator never reaches the
-executor.
+executor. When the strategy calibrates the costs from the running schedule
+(``calibration.py``), ``update_problem`` makes the solver judge incumbents on the calibrated
+problem.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..schedule import Problem, Schedule, simulate
+from ..schedule import Action, Problem, Schedule, simulate
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,14 @@ class BackgroundSolver:
         if self.done:
             return SwitchDecision("done")
         return SwitchDecision("none")
+
+    def update_problem(self, problem: Problem, current: Sequence[Sequence[Action]]) -> None:
+        """Judge incumbents on ``problem`` from now on (calibrated costs, same shape); the bar
+        they must beat becomes the running schedule's makespan on it."""
+        self.problem = problem
+        span = simulate(problem, current).makespan
+        if span is not None:
+            self.best = float(span)
 
     def stop(self) -> None:
         if self.proc.is_alive():

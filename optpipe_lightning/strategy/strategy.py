@@ -48,8 +48,10 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ..schedule import Problem, Schedule, simulate
+from .calibration import Calibration, StepSampler, calibrate, max_cost_change
 from .contract import ContractError, PipelineSpec, get_spec
 from .engine import PipelineEngine, ScheduleRejectedError
+from .host_allocator import tune_host_allocator
 from .partition import PartitionError, balanced_partition, validate_partition
 from .planner import (
     SCHEDULE_CHOICES,
@@ -76,6 +78,9 @@ from .run_log import RunLog
 log = logging.getLogger(__name__)
 
 REPARTITION_GAIN = 0.10
+RESOLVE_DRIFT = 0.10  # calibrated costs this far from the solved ones start a new solve
+MAX_CALIBRATED_RESOLVES = 2
+MAX_CALIBRATION_RECORDS = 256  # strategy.calibrations keeps the latest ones
 
 MemoryLimit = Literal["auto"] | float | int | None
 
@@ -116,6 +121,17 @@ class OptPipeStrategy(ParallelStrategy):
             with CUDA; ``"fork"`` starts faster on CPU).
         repartition: after profiling, re-balance the layer groups by the measured per-layer
             costs when that lowers the largest group's cost by 10% (then profile again).
+        calibrate: re-estimate op costs and the per-action runtime overhead from the steps of
+            the running schedule (see ``calibration.py``): the predicted step time and the
+            problem the background re-solve judges incumbents on follow the measured steps.
+        calibrate_every: every this many steps of the running schedule time their ops (the
+            other steps only their wall time); a calibration follows each such step.
+        calibrate_min_steps: steps of a schedule (after one warm-up step) before its first
+            calibration.
+        tune_host_allocator: on CPU, keep glibc's allocator from returning tensor memory to
+            the kernel and faulting it in again (steadier, faster op times; see
+            ``host_allocator.py``); nothing is changed when ``MALLOC_*`` variables are set or
+            another allocator is preloaded.
     """
 
     strategy_name = "optpipe"
@@ -146,6 +162,10 @@ class OptPipeStrategy(ParallelStrategy):
         resolve_min_gain: float = 0.01,
         resolve_start_method: str = "spawn",
         repartition: bool = True,
+        calibrate: bool = True,
+        calibrate_every: int = 4,
+        calibrate_min_steps: int = 8,
+        tune_host_allocator: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -175,6 +195,15 @@ class OptPipeStrategy(ParallelStrategy):
             )
         if profile_steps < 0:
             raise OptPipeConfigError("profile_steps must be >= 0")
+        if not isinstance(calibrate_every, int) or calibrate_every < 1:
+            raise OptPipeConfigError(
+                f"calibrate_every must be an integer >= 1, got {calibrate_every!r} "
+                "(turn calibration off with calibrate=False)"
+            )
+        if not isinstance(calibrate_min_steps, int) or calibrate_min_steps < 1:
+            raise OptPipeConfigError(
+                f"calibrate_min_steps must be an integer >= 1, got {calibrate_min_steps!r}"
+            )
         self._num_stages_opt = num_stages
         self._num_microbatches_opt = num_microbatches
         self.schedule_name = schedule
@@ -199,6 +228,10 @@ class OptPipeStrategy(ParallelStrategy):
         self.resolve_min_gain = resolve_min_gain
         self.resolve_start_method = resolve_start_method
         self.repartition = repartition
+        self.calibrate = calibrate
+        self.calibrate_every = calibrate_every
+        self.calibrate_min_steps = calibrate_min_steps
+        self.tune_host_allocator = tune_host_allocator
         self._num_nodes = 1
         # runtime state
         self.spec: PipelineSpec | None = None
@@ -216,6 +249,7 @@ class OptPipeStrategy(ParallelStrategy):
         self._schedule_id: int | None = None
         self._step_started: float | None = None
         self._step_seconds = 0.0
+        self._step_count = 0  # pipeline steps in this optimizer step (accumulate_grad_batches)
         self._hardware: Any = None
         self._model_fp: Any = None
         self._pending_grads: list[Tensor | None] | None = None
@@ -223,6 +257,12 @@ class OptPipeStrategy(ParallelStrategy):
         self._predicted: float | None = None
         self._profile_walls: list[float] = []  # wall seconds of each profiling step
         self.switches: list[dict[str, Any]] = []  # every switch: step, generator, reason
+        # calibration from the running schedule
+        self._sampler = StepSampler(calibrate_every, calibrate_min_steps)
+        self._overhead_in_problem = 0.0  # per-action overhead inside the running problem's costs
+        self._solved_problem: Problem | None = None  # what the background solver last solved
+        self._calibrated_resolves = 0
+        self.calibrations: list[dict[str, Any]] = []  # every calibration (see _calibrate)
 
     # ---- registry ----------------------------------------------------------------------------
 
@@ -363,6 +403,9 @@ class OptPipeStrategy(ParallelStrategy):
             # CPU stages share the cores: oversubscribed threads make every op slower than
             # profiled (torchrun sets OMP_NUM_THREADS=1 for the same reason)
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+        if self.root_device.type == "cpu" and self.tune_host_allocator:
+            # steady op times: no unmapping and re-faulting of tensor memory (host_allocator.py)
+            log.info("optpipe: %s", tune_host_allocator())
         super().setup_environment()
         reset_seed()
         self.set_world_ranks()
@@ -473,6 +516,8 @@ class OptPipeStrategy(ParallelStrategy):
                 f"size that is a multiple of {m} (and drop_last=True in the DataLoader)"
             )
         base = self._shape_problem()
+        # on GPU a step that times its ops synchronises after each one: keep its wall time out
+        self._sampler.walls_of_timed_steps = self.root_device.type != "cuda"
         self._hardware = hardware_fingerprint(
             self.root_device, self.world_size, self._process_group_backend or "gloo"
         )
@@ -541,6 +586,9 @@ class OptPipeStrategy(ParallelStrategy):
             "partition": self.partition,
             "profile_steps": self.profile_steps,
             "online_resolve": self.online_resolve,
+            "calibrate": self.calibrate,
+            "calibrate_every": self.calibrate_every,
+            "calibrate_min_steps": self.calibrate_min_steps,
         }
 
     def _problem_from_profile(self, profile: Any) -> Problem:
@@ -589,6 +637,7 @@ class OptPipeStrategy(ParallelStrategy):
         old = self.engine.schedule.generator
         self.engine.switch(schedule, problem)
         self.engine.cursor.set_measure(False)
+        self._sampler.reset()  # calibration data belongs to the schedule that produced it
         pred = simulate(problem, schedule.actions).makespan
         self._predicted = pred
         entry = {
@@ -612,7 +661,82 @@ class OptPipeStrategy(ParallelStrategy):
             self._schedule_id = self._run_log.store_schedule(schedule, problem, source=reason)
             self._run_log.record_switch(self._optimizer_steps, prev, self._schedule_id, reason)
 
+    def _calibrate(self) -> None:
+        """Re-estimate the costs from the running schedule's steps (every rank, same boundary).
+
+        Every rank's op samples go to global rank 0, which fits the calibrated problem
+        (``calibration.calibrate``) and broadcasts it; the engine, the predicted step time and
+        the background solver use it from now on. When the solver has finished and the costs
+        moved by more than ``RESOLVE_DRIFT`` from the ones it solved, a new solve starts on the
+        calibrated problem (at most ``MAX_CALIBRATED_RESOLVES`` times per run).
+        """
+        assert self.engine is not None
+        parts = gather(self._sampler.op_samples(self.pp_rank), self.pp_group)
+        payload: tuple[str, dict[str, Any]] | None = None
+        if self.is_global_zero:
+            samples: dict[tuple[int, int, str], list[float]] = {}
+            for part in parts:
+                samples.update(part)
+            try:
+                cal = calibrate(
+                    self.engine.problem,
+                    self.engine.schedule.actions,
+                    samples,
+                    list(self._sampler.walls),
+                    self._overhead_in_problem,
+                    self._sampler.timed,
+                )
+                payload = (cal.problem.model_dump_json(), _calibration_record(cal))
+            except Exception as e:  # calibration must never stop training
+                log.warning("optpipe: calibration skipped (%s)", e)
+        payload = self.broadcast(payload)
+        if payload is None:
+            return
+        problem = Problem.model_validate_json(payload[0])
+        record: dict[str, Any] = {
+            "step": self._optimizer_steps,
+            "schedule": self.engine.schedule.generator,
+        }
+        record.update(payload[1])
+        self.calibrations.append(record)
+        del self.calibrations[:-MAX_CALIBRATION_RECORDS]
+        first = self._sampler.calibrations <= 1
+        old_pred = self._predicted or 0.0
+        self.engine.problem = problem
+        self._overhead_in_problem = float(record["overhead_seconds"])
+        self._predicted = float(record["predicted_seconds"])
+        # the first calibration of a schedule, and any that moves the prediction by > 5%, at INFO
+        moved = abs(self._predicted - old_pred) > 0.05 * max(old_pred, 1e-12)
+        log.log(
+            logging.INFO if first or moved else logging.DEBUG,
+            "optpipe: step %d: calibrated %s from %d steps (%d op-timed): measured %.6gs, "
+            "predicted %.6gs -> %.6gs, overhead %.3g ms per action",
+            self._optimizer_steps,
+            record["schedule"],
+            record["steps"],
+            record["timed_steps"],
+            record["measured_seconds"],
+            record["previous_seconds"],
+            record["predicted_seconds"],
+            1e3 * record["overhead_seconds"],
+        )
+        if self._solver is not None:
+            self._solver.update_problem(problem, self.engine.schedule.actions)
+        if (
+            not self._resolving
+            and self._solved_problem is not None
+            and self._calibrated_resolves < MAX_CALIBRATED_RESOLVES
+            and max_cost_change(self._solved_problem, problem) > RESOLVE_DRIFT
+        ):
+            self._calibrated_resolves += 1
+            if self._solver is not None:
+                self._solver.stop()
+                self._solver = None
+            log.info("optpipe: costs moved > %d%%: solving again", round(100 * RESOLVE_DRIFT))
+            self._start_resolve(problem, self.engine.schedule)
+
     def _start_resolve(self, problem: Problem, current: Schedule) -> None:
+        self._solved_problem = problem
         ok = False
         if self.is_global_zero:
             try:
@@ -725,7 +849,8 @@ class OptPipeStrategy(ParallelStrategy):
             return
         self.engine.instrument_layers(False)
         m = self.num_microbatches
-        rows = local_measurements(self.engine.cursor, self.pp_rank, self.num_chunks, skip=m)
+        # the warm-up step's op times were dropped after it ran (training_step)
+        rows = local_measurements(self.engine.cursor, self.pp_rank, self.num_chunks)
         gathered = gather(rows, self.pp_group)
         out_bytes = max(gather(max(self.engine.cursor.out_bytes or [4]), self.pp_group))
         p2p = measure_p2p(
@@ -749,6 +874,7 @@ class OptPipeStrategy(ParallelStrategy):
             walls = self._profile_walls[1:]
             delta = runtime_overhead(profile, self.engine.schedule.actions, walls)
             profile = with_overhead(profile, delta)
+            self._overhead_in_problem = delta
             log.info("optpipe: runtime overhead %.3g ms per action", 1e3 * delta)
         profile = _profile_from_json(self.broadcast(profile.model_dump_json()))
         if self._run_log is not None and self._run_log.active:
@@ -776,14 +902,25 @@ class OptPipeStrategy(ParallelStrategy):
         old = [p.grad for p in params]
         for p in params:
             p.grad = None
+        cursor = self.engine.cursor
+        sampling = self.phase == "run" and self.calibrate
+        if sampling:
+            cursor.measure = self._sampler.time_ops_next()
         t0 = time.perf_counter()
         with self.precision_plugin.train_step_context():
             loss = self.engine.step(inputs, targets, grad_scale=1.0 / accumulate)
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
+        self._step_count += 1
         if self.phase == "profiling":
             self._profile_walls.append(elapsed)
-            self.engine.cursor.count_bytes = False  # bytes: warm-up step only
+            if len(self._profile_walls) == 1:
+                cursor.drop_times()  # the warm-up step's op times; its byte counts stay
+            cursor.count_bytes = False  # bytes: warm-up step only
+        elif sampling:
+            self._sampler.record(elapsed, cursor.measure, cursor.times)
+            cursor.drop_times()
+            cursor.measure = False
         if self.dp_group is not None:
             for p in params:
                 if p.grad is not None:
@@ -848,6 +985,7 @@ class OptPipeStrategy(ParallelStrategy):
     def _at_boundary(self) -> None:
         """Every rank, same optimizer step: record, end profiling, apply solver switches."""
         seconds, self._step_seconds = self._step_seconds, 0.0
+        count, self._step_count = max(self._step_count, 1), 0
         peaks: list[float] = []
         if self.root_device.type == "cuda":  # pragma: no cover - GPU only
             peaks = [
@@ -857,10 +995,13 @@ class OptPipeStrategy(ParallelStrategy):
             torch.cuda.reset_peak_memory_stats(self.root_device)
         if self._run_log is not None and self._run_log.active and self.engine is not None:
             # predictions only for schedules chosen on measured costs (not while profiling)
-            pred = self._predicted if self.phase == "run" else None
+            # (one pipeline step per accumulated batch: the optimizer step takes ``count`` of them)
+            pred = self._predicted * count if self.phase == "run" and self._predicted else None
             self._run_log.record_step(
                 self._optimizer_steps, seconds, pred, self._schedule_id, peaks
             )
+        if self.phase == "run" and self.calibrate and self._sampler.due():
+            self._calibrate()
         if self.phase == "profiling":
             self._profiled_steps += 1
             if self._profiled_steps >= self.profile_steps + 1:  # first step is a warm-up
@@ -1044,6 +1185,21 @@ def _best_baseline(problem: Problem) -> Schedule:
             "raise memory_limit, enable offload, or use more stages"
         )
     return best
+
+
+def _calibration_record(cal: Calibration) -> dict[str, Any]:
+    return {
+        "measured_seconds": cal.measured,
+        "previous_seconds": cal.previous,
+        "predicted_seconds": cal.predicted,
+        "overhead_seconds": cal.overhead,
+        "steps": cal.steps,
+        "timed_steps": cal.timed_steps,
+        "t_f": cal.compute.cost("t_f").tolist(),
+        "t_b": cal.compute.cost("t_b").tolist(),
+        "t_w": cal.compute.cost("t_w").tolist(),
+        "t_bw": cal.compute.cost("t_bw").tolist(),
+    }
 
 
 def _profile_from_json(text: str) -> Any:

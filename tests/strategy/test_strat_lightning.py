@@ -75,6 +75,7 @@ class Recorder(pl.Callback):
             "switches": [
                 {k: v for k, v in s.items() if k != "predicted_seconds"} for s in strat.switches
             ],
+            "calibrations": strat.calibrations,
         }
         Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
 
@@ -183,6 +184,55 @@ def test_lightning_profiles_then_reuses_the_stored_profile(tmp_path: Path) -> No
         tmp_path / "b", 1, schedule="1f1b", profile_steps=1, use_database=True, database=url
     )
     assert [(s["step"], s["reason"]) for s in second[0]["switches"]] == [(0, "stored profile")]
+
+
+@pytest.mark.dist
+def test_calibration_from_the_running_schedule_updates_the_recorded_prediction(
+    tmp_path: Path,
+) -> None:
+    ref_losses, ref_state = reference(7)
+    url = f"sqlite:///{tmp_path / 'optpipe.db'}"
+    ranks = fit(
+        tmp_path / "c",
+        7,
+        schedule="1f1b",
+        profile_steps=1,
+        use_database=True,
+        database=url,
+        calibrate_every=1,
+        calibrate_min_steps=2,
+    )
+    for r in ranks:  # calibrating changes no numbers
+        assert r["losses"] == pytest.approx(ref_losses, abs=1e-5)
+    check_final(tmp_path / "c", ref_state)
+    # profiling: steps 1-2; 1f1b from step 3 (a warm-up for the sampler), then 2 timed steps:
+    # calibrations at the boundaries of steps 5, 6, 7, the same on every rank
+    cals = ranks[0]["calibrations"]
+    assert [c["step"] for c in cals] == [5, 6, 7] == [c["step"] for c in ranks[1]["calibrations"]]
+    assert [c["predicted_seconds"] for c in cals] == [
+        c["predicted_seconds"] for c in ranks[1]["calibrations"]
+    ]
+    assert [c["steps"] for c in cals] == [2, 3, 4]  # rolling window of the schedule's steps
+    for c in cals:
+        assert c["schedule"] == "1f1b" and c["overhead_seconds"] >= 0
+        assert len(c["t_f"]) == 2 and all(x[0] > 0 for x in c["t_f"] + c["t_bw"])
+        # fitted to the measured steps: the prediction matches their median (unless the
+        # compute alone already takes longer, then the overhead is 0)
+        if c["overhead_seconds"] > 0:
+            assert c["predicted_seconds"] == pytest.approx(c["measured_seconds"], rel=1e-3)
+    from optpipe_lightning.profiles_db import open_database
+    from optpipe_lightning.profiles_db import repository as repo
+
+    db = open_database(url)
+    with db.session() as s:
+        run = repo.list_training_runs(s)[0]
+        steps = repo.training_steps(s, run.id)
+    db.close()
+    pred = {st.step: st.predicted_seconds for st in steps}
+    # the run log's predicted step time follows the calibration from the next step on
+    assert pred[6] == pytest.approx(cals[0]["predicted_seconds"])
+    assert pred[7] == pytest.approx(cals[1]["predicted_seconds"])
+    assert pred[3] == pred[4] == pred[5] != pred[6]
 
 
 @pytest.mark.dist
