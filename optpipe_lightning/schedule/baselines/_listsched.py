@@ -11,21 +11,23 @@
   before the B: a transfer is issued when the compute action listed before it ends), simulate
   again, repeat; ``prune_offloads`` then drops the offloads the fitted plan does not need.
 - ``with_transfers``, ``live_windows``: place transfers for a chosen set of activations on a
-  simulated timeline; the lifetimes and reload issue times PipeOffload's selection ranks by.
+  simulated timeline (``TransferPlacer`` for many sets on one timeline); the lifetimes and
+  reload issue times PipeOffload's selection ranks by.
 - ``below_one_activation``: limits no schedule can meet (a reason for ``NotApplicable``).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..problem import Problem
 from ..schedule import Action
-from ..simulator import MEMORY_TOLERANCE, SimResult, simulate
+from ..simulator import MEMORY_TOLERANCE, MemoryCurve, SimResult, simulate
+from ._deadline import check_deadline
 
 Rows = list[list[Action]]
 Key = tuple[int, int, int]  # (stage, microbatch, chunk)
@@ -138,42 +140,79 @@ def with_transfers(
 ) -> Rows:
     """``rows`` with OFFLOAD right after each chosen F and its RELOAD listed as late as still
     hides the copy (``_reload_issue``) on the timeline ``res`` of a previous simulation."""
-    assert res.timeline is not None
-    by_stage: dict[int, list[Key]] = {}
-    for k in chosen:
-        by_stage.setdefault(k[0], []).append(k)
-    out: Rows = []
-    for s, row in enumerate(rows):
-        keys = by_stage.get(s)
-        comp = [a for a in row if a.is_compute]
-        if not keys:
-            out.append(comp)
-            continue
-        old = {a: (st, en) for a, st, en in res.timeline.compute_rows(s)}
-        ends = [old[a][1] for a in comp]
-        index = {a: i for i, a in enumerate(comp)}
-        after: dict[int, list[Action]] = {}
-        for _s, mb, c in keys:
-            after.setdefault(index[Action("F", mb, c)], []).append(Action("OFFLOAD", mb, c))
-        reloads: list[tuple[int, int, int]] = []
-        for _s, mb, c in keys:
-            i_b = index.get(Action("B", mb, c), index.get(Action("BW", mb, c)))
-            assert i_b is not None
-            reloads.append((i_b, mb, c))
-        reloads.sort()
-        for i_b, mb, c in reloads:
-            i_f = index[Action("F", mb, c)]
-            at = _reload_issue(ends, i_f, i_b, old[comp[i_b]][0], problem.reload_time(s, c))
-            after.setdefault(at, []).append(Action("RELOAD", mb, c))
-        row_out: list[Action] = []
-        for i, a in enumerate(comp):
-            row_out.append(a)
-            extra = after.get(i)
-            if extra:
+    return TransferPlacer(problem, rows, res).place(chosen)
+
+
+class TransferPlacer:
+    """``with_transfers`` for one pair of orders and timeline, many choices: what depends only
+    on the orders and the timeline (per stage: compute order, op ends, positions) is made once,
+    on first use."""
+
+    def __init__(self, problem: Problem, rows: Sequence[Sequence[Action]], res: SimResult) -> None:
+        assert res.timeline is not None
+        self.problem = problem
+        self.rows = rows
+        self.timeline = res.timeline
+        self._comp: dict[int, list[Action]] = {}
+        # per stage: op ends in order, op starts by position, position of each action
+        self._times: dict[int, tuple[list[float], list[float], dict[Action, int]]] = {}
+        self._reload: dict[tuple[int, int], float] = {}
+
+    def compute(self, s: int) -> list[Action]:
+        comp = self._comp.get(s)
+        if comp is None:
+            comp = self._comp[s] = [a for a in self.rows[s] if a.is_compute]
+        return comp
+
+    def _stage_times(self, s: int) -> tuple[list[float], list[float], dict[Action, int]]:
+        got = self._times.get(s)
+        if got is None:
+            comp = self.compute(s)
+            old = {a: (st, en) for a, st, en in self.timeline.compute_rows(s)}
+            starts = [old[a][0] for a in comp]
+            ends = [old[a][1] for a in comp]
+            got = self._times[s] = (ends, starts, {a: i for i, a in enumerate(comp)})
+        return got
+
+    def place(self, chosen: Sequence[Key]) -> Rows:
+        by_stage: dict[int, list[Key]] = {}
+        for k in chosen:
+            by_stage.setdefault(k[0], []).append(k)
+        out: Rows = []
+        for s in range(len(self.rows)):
+            keys = by_stage.get(s)
+            comp = self.compute(s)
+            if not keys:
+                out.append(list(comp))
+                continue
+            ends, starts, index = self._stage_times(s)
+            # (Action is a NamedTuple: plain tuples find it in ``index``, and are cheaper)
+            after: dict[int, list[Action]] = {}
+            reloads: list[tuple[int, int, int, int]] = []
+            for _s, mb, c in keys:
+                i_f = index[("F", mb, c)]  # type: ignore[index]
+                after.setdefault(i_f, []).append(Action("OFFLOAD", mb, c))
+                i_b = index.get(("B", mb, c), index.get(("BW", mb, c)))  # type: ignore[call-overload]
+                assert i_b is not None
+                reloads.append((i_b, mb, c, i_f))
+            reloads.sort()
+            for i_b, mb, c, i_f in reloads:
+                r = self._reload.get((s, c))
+                if r is None:
+                    r = self._reload[(s, c)] = self.problem.reload_time(s, c)
+                at = _reload_issue(ends, i_f, i_b, starts[i_b], r)
+                after.setdefault(at, []).append(Action("RELOAD", mb, c))
+            row_out: list[Action] = []
+            prev = 0
+            for i in sorted(after):
+                row_out.extend(comp[prev : i + 1])
+                extra = after[i]
                 row_out.extend(x for x in extra if x.op == "OFFLOAD")
                 row_out.extend(x for x in extra if x.op == "RELOAD")
-        out.append(row_out)
-    return out
+                prev = i + 1
+            row_out.extend(comp[prev:])
+            out.append(row_out)
+        return out
 
 
 def live_windows(
@@ -194,6 +233,78 @@ def live_windows(
             k = _reload_issue(ends, i_f, i, st, problem.reload_time(s, a.chunk))
             out[key] = (comp[i_f][2], st, ends[k])
     return out
+
+
+# (rank position, offload-end time, reload issue time, key, bytes freed)
+_Cand = tuple[int, float, float, Key, float]
+
+
+def _fit_candidates(
+    s: int,
+    wins: dict[tuple[int, int], tuple[float, float, float]],
+    chosen_set: set[Key],
+    ob: np.ndarray,
+    o_time: list[list[float]],
+    r_time: list[list[float]],
+    rank: Callable[[Key, float, float], tuple[float, ...]] | None,
+    min_window_factor: float,
+) -> list[_Cand]:
+    """Stage s's activations ``offload_to_fit`` may still choose, with their rank position: 0 is
+    the highest ``rank`` (ties: the earlier in ``wins``, the order the plain scan met them)."""
+    scored: list[tuple[tuple[float, ...], float, float, Key, float]] = []
+    for (mb, c), (f_end, b_start, issue) in wins.items():
+        key = (s, mb, c)
+        if key in chosen_set or ob[s, c] <= 0:
+            continue
+        o, r = o_time[s][c], r_time[s][c]
+        if b_start - f_end < min_window_factor * (o + r):
+            continue
+        score = rank(key, f_end, b_start) if rank else (b_start - f_end,)
+        scored.append((score, f_end + o, issue, key, float(ob[s, c])))
+    order = sorted(range(len(scored)), key=lambda k: scored[k][0], reverse=True)  # stable
+    return [(pos, *scored[k][1:]) for pos, k in enumerate(order)]
+
+
+def _pick_at_violations(
+    curve: MemoryCurve, over: list[int], lim: float, tol: float, cands: list[_Cand]
+) -> Iterator[Key]:
+    """AdaOffload's choice on one stage, in time order of its violations ``over`` (indices into
+    the memory curve): while the excess at a violation, less what the choices so far free
+    there, stays above ``tol``, choose the best-ranked candidate whose copy can be out by then
+    (offload end <= t) and whose reload is issued after (t_next <= issue).
+
+    Equivalent to scanning every candidate at every step, in O(n log n): times only grow, so a
+    candidate whose copy is out stays so, one whose reload is issued before t_next stays
+    excluded, and a choice that stops covering a violation never covers a later one.
+    """
+    by_lo = sorted(range(len(cands)), key=lambda k: cands[k][1])
+    ptr = 0
+    ready: list[tuple[int, int]] = []  # (rank position, candidate index)
+    freed: dict[int, float] = {}  # chosen candidates still covering, in the order chosen
+    expiry: list[tuple[float, int]] = []  # (reload issue, candidate index) of ``freed``
+    times, levels = curve.times, curve.bytes
+    for i in over:
+        t = float(times[i])
+        t_next = float(times[i + 1]) if i + 1 < times.size else t
+        while expiry and not (t_next <= expiry[0][0] + 1e-12):
+            del freed[heapq.heappop(expiry)[1]]
+        excess = float(levels[i]) - lim
+        excess -= sum(freed.values())
+        while ptr < len(by_lo) and cands[by_lo[ptr]][1] <= t + 1e-12:
+            k = by_lo[ptr]
+            heapq.heappush(ready, (cands[k][0], k))
+            ptr += 1
+        while excess > tol:
+            while ready and not (t_next <= cands[ready[0][1]][2] + 1e-12):
+                heapq.heappop(ready)
+            if not ready:
+                break
+            k = heapq.heappop(ready)[1]
+            _pos, _lo, hi, key, b = cands[k]
+            freed[k] = b
+            heapq.heappush(expiry, (hi, k))
+            excess -= b
+            yield key
 
 
 def offload_to_fit(
@@ -228,9 +339,13 @@ def offload_to_fit(
     if problem.offload is None:
         return None, "over the memory limit and the problem allows no offload (offload: null)"
     ob = problem.cost("offload_bytes")
+    v = problem.num_chunks
+    o_time = [[problem.offload_time(s, c) for c in range(v)] for s in range(problem.num_stages)]
+    r_time = [[problem.reload_time(s, c) for c in range(v)] for s in range(problem.num_stages)]
     chosen: list[Key] = []
     chosen_set: set[Key] = set()
     for _round in range(max_rounds):
+        check_deadline()
         assert res.timeline is not None
         added = 0
         for s, lim in enumerate(limits):
@@ -241,38 +356,20 @@ def offload_to_fit(
             over = np.nonzero(curve.bytes > lim + tol)[0]
             if over.size == 0:
                 continue
-            wins = live_windows(problem, res, s)
-            planned: list[tuple[float, float, float]] = []  # (from, to, bytes freed)
-            for i in over.tolist():
-                t = float(curve.times[i])
-                t_next = float(curve.times[i + 1]) if i + 1 < curve.times.size else t
-                excess = float(curve.bytes[i]) - lim
-                excess -= sum(
-                    b for f0, f1, b in planned if f0 <= t + 1e-12 and t_next <= f1 + 1e-12
-                )
-                while excess > tol:
-                    best: tuple[tuple[float, ...], Key, float, float] | None = None
-                    for (mb, c), (f_end, b_start, issue) in wins.items():
-                        key = (s, mb, c)
-                        if key in chosen_set or ob[s, c] <= 0:
-                            continue
-                        o, r = problem.offload_time(s, c), problem.reload_time(s, c)
-                        if b_start - f_end < min_window_factor * (o + r):
-                            continue
-                        lo, hi = f_end + o, issue
-                        if not (lo <= t + 1e-12 and t_next <= hi + 1e-12):
-                            continue
-                        score = rank(key, f_end, b_start) if rank else (b_start - f_end,)
-                        if best is None or score > best[0]:
-                            best = (score, key, lo, hi)
-                    if best is None:
-                        break
-                    _, key, lo, hi = best
-                    chosen.append(key)
-                    chosen_set.add(key)
-                    planned.append((lo, hi, float(ob[s, key[2]])))
-                    excess -= float(ob[s, key[2]])
-                    added += 1
+            cands = _fit_candidates(
+                s,
+                live_windows(problem, res, s),
+                chosen_set,
+                ob,
+                o_time,
+                r_time,
+                rank,
+                min_window_factor,
+            )
+            for key in _pick_at_violations(curve, over.tolist(), lim, tol, cands):
+                chosen.append(key)
+                chosen_set.add(key)
+                added += 1
         if added == 0:
             worst = res.evaluation.violations[0].message if res.evaluation.violations else ""
             return None, "no live activation at the peak can be offloaded in time" + (
@@ -302,6 +399,7 @@ def prune_offloads(
     while size >= 1 and sims < budget and cur:
         i = len(cur)
         while i > 0 and sims < budget:
+            check_deadline()
             lo = max(0, i - size)
             trial = cur[:lo] + cur[i:]
             r = simulate(problem, with_transfers(problem, rows, trial, res))
@@ -339,14 +437,18 @@ def list_schedule(
     p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
     G = p * v
     table = problem.group_table
-    t_f, t_b, t_w = problem.cost("t_f"), problem.cost("t_b"), problem.cost("t_w")
-    t_comm = problem.cost("t_comm")
-    m_f, m_b, m_w = problem.cost("m_f"), problem.cost("m_b"), problem.cost("m_w")
+    t_f, t_b, t_w = (problem.cost(n).tolist() for n in ("t_f", "t_b", "t_w"))
+    t_comm = problem.cost("t_comm").tolist()
+    m_f_a, m_b_a = problem.cost("m_f"), problem.cost("m_b")
+    m_f, m_b, m_w = m_f_a.tolist(), m_b_a.tolist(), problem.cost("m_w").tolist()
     grp = [[problem.group_of(s, c) for c in range(v)] for s in range(p)]
     # chunks of a device in dataflow order (the first one admits a microbatch)
     chunk_order = [sorted(range(v), key=grp[s].__getitem__) for s in range(p)]
-    foot = np.maximum(m_f, m_f + m_b)  # most a (stage, chunk) activation ever holds
-    full = foot.sum(axis=1)
+    # chunks of a device, deepest layer group first (the order B and F are looked for in)
+    deep_first = [sorted(range(v), key=grp[s].__getitem__, reverse=True) for s in range(p)]
+    foot_a = np.maximum(m_f_a, m_f_a + m_b_a)  # most a (stage, chunk) activation ever holds
+    full = foot_a.sum(axis=1).tolist()
+    foot = foot_a.tolist()
     capv = [float("inf") if c is None else float(c) * (1 + 1e-12) + 1e-12 for c in caps]
     if any(full[s] > capv[s] for s in range(p)):
         return None
@@ -355,8 +457,20 @@ def list_schedule(
         for s in range(p)
     ]
     inf = float("inf")
-    f_end = np.full((p, v, m), inf)
-    b_end = np.full((p, v, m), inf)
+    # neighbours of (s, c) in the dataflow: (stage, chunk, lag of the hop) or None at the ends
+    nxt: list[list[tuple[int, int, float] | None]] = [[None] * v for _ in range(p)]
+    prv: list[list[tuple[int, int, float] | None]] = [[None] * v for _ in range(p)]
+    for s in range(p):
+        for c in range(v):
+            g = grp[s][c]
+            if g < G - 1:
+                ns, nc = table[g + 1]
+                nxt[s][c] = (ns, nc, float(t_comm[s][c]) if ns != s else 0.0)
+            if g > 0:
+                ps, pc = table[g - 1]
+                prv[s][c] = (ps, pc, float(t_comm[s][c]) if ps != s else 0.0)
+    f_end = [[[inf] * m for _ in range(v)] for _ in range(p)]
+    b_end = [[[inf] * m for _ in range(v)] for _ in range(p)]
     nf = [[0] * v for _ in range(p)]
     nb = [[0] * v for _ in range(p)]
     pend_w: list[list[Action]] = [[] for _ in range(p)]
@@ -368,33 +482,30 @@ def list_schedule(
     total = 3 * p * v * m
     n_done = 0
 
-    def lag(s: int, c: int, other: int) -> float:
-        return float(t_comm[s, c]) if other != s else 0.0
-
     def start(s: int, a: Action, T: float) -> None:
         nonlocal n_done
         c = a.chunk
         if a.op == "F":
-            d = float(t_f[s, c])
-            f_end[s, c, a.mb] = T + d
+            d = t_f[s][c]
+            f_end[s][c][a.mb] = T + d
             nf[s][c] += 1
-            mem[s] += float(m_f[s, c])
-            reserved[s] -= float(foot[s, c])
-            if grp[s][c] < G - 1:
-                ns, _nc = table[grp[s][c] + 1]
-                heapq.heappush(events, T + d + lag(s, c, ns))
+            mem[s] += m_f[s][c]
+            reserved[s] -= foot[s][c]
+            hop = nxt[s][c]
+            if hop is not None:
+                heapq.heappush(events, T + d + hop[2])
         elif a.op == "B":
-            d = float(t_b[s, c])
-            b_end[s, c, a.mb] = T + d
+            d = t_b[s][c]
+            b_end[s][c][a.mb] = T + d
             nb[s][c] += 1
-            mem[s] += float(m_b[s, c])
+            mem[s] += m_b[s][c]
             pend_w[s].append(Action("W", a.mb, c))
-            if grp[s][c] > 0:
-                ps, _pc = table[grp[s][c] - 1]
-                heapq.heappush(events, T + d + lag(s, c, ps))
+            hop = prv[s][c]
+            if hop is not None:
+                heapq.heappush(events, T + d + hop[2])
         else:
-            d = float(t_w[s, c])
-            mem[s] += float(m_w[s, c])
+            d = t_w[s][c]
+            mem[s] += m_w[s][c]
         rows[s].append(a)
         free_at[s] = T + d
         heapq.heappush(events, T + d)
@@ -402,56 +513,47 @@ def list_schedule(
 
     def choose(s: int, T: float) -> Action | None:
         eps = 1e-12 * max(1.0, T)
-        if pend_w[s] and mem[s] > wcapv[s] * (1 + 1e-12):
-            return pend_w[s].pop(0)
-        b_pick: Action | None = None
-        for c in sorted(range(v), key=lambda c: -grp[s][c]):
+        pend = pend_w[s]
+        if pend and mem[s] > wcapv[s] * (1 + 1e-12):
+            return pend.pop(0)
+        b_mb = b_c = -1
+        for c in deep_first[s]:
             mb = nb[s][c]
-            if mb >= m or f_end[s, c, mb] > T + eps:
+            if mb >= m or f_end[s][c][mb] > T + eps:
                 continue
-            g = grp[s][c]
-            if g < G - 1:
-                ns, nc = table[g + 1]
-                if b_end[ns, nc, mb] + lag(s, c, ns) > T + eps:
-                    continue
-            if mem[s] + max(0.0, float(m_b[s, c])) > capv[s]:
+            hop = nxt[s][c]
+            if hop is not None and b_end[hop[0]][hop[1]][mb] + hop[2] > T + eps:
                 continue
-            if b_pick is None or mb < b_pick.mb:
-                b_pick = Action("B", mb, c)
-        f_pick: Action | None = None
+            if mem[s] + max(0.0, m_b[s][c]) > capv[s]:
+                continue
+            if b_mb < 0 or mb < b_mb:
+                b_mb, b_c = mb, c
+        f_mb = f_c = -1
         f_blocked = False
-        for c in sorted(range(v), key=lambda c: -grp[s][c]):
+        for c in deep_first[s]:
             mb = nf[s][c]
             if mb >= m:
                 continue
-            g = grp[s][c]
-            if g > 0:
-                ps, pc = table[g - 1]
-                if f_end[ps, pc, mb] + lag(s, c, ps) > T + eps:
-                    continue
-            if c == chunk_order[s][0]:
-                need = mem[s] + reserved[s] + full[s]
-            else:
-                need = mem[s] + float(foot[s, c])
+            hop = prv[s][c]
+            if hop is not None and f_end[hop[0]][hop[1]][mb] + hop[2] > T + eps:
+                continue
+            # (mem + reserved) + full: the sum's order matters to the last bit
+            need = mem[s] + reserved[s] + full[s] if c == chunk_order[s][0] else mem[s] + foot[s][c]
             if need > capv[s]:
                 f_blocked = True
                 continue
-            f_pick = Action("F", mb, c)
+            f_mb, f_c = mb, c
             break
-        if (
-            f_pick is not None
-            and pend_w[s]
-            and mem[s] + float(m_f[s, f_pick.chunk]) > wcapv[s] * (1 + 1e-12)
-        ):
-            return pend_w[s].pop(0)
-        if f_before_b and f_pick is not None:
-            return f_pick
-        if b_pick is not None:
-            return b_pick
-        if f_pick is not None:
-            return f_pick
-        if pend_w[s] and (f_blocked or fill_w or all(nb[s][c] >= m for c in range(v))):
-            return pend_w[s].pop(0)
+        if f_mb >= 0 and pend and mem[s] + m_f[s][f_c] > wcapv[s] * (1 + 1e-12):
+            return pend.pop(0)
+        if f_before_b and f_mb >= 0:
+            return Action("F", f_mb, f_c)
+        if b_mb >= 0:
+            return Action("B", b_mb, b_c)
+        if f_mb >= 0:
+            return Action("F", f_mb, f_c)
+        if pend and (f_blocked or fill_w or all(nb[s][c] >= m for c in range(v))):
+            return pend.pop(0)
         return None
 
     while events:
@@ -464,7 +566,7 @@ def list_schedule(
                 if a is None:
                     break
                 if a.op == "F" and a.chunk == chunk_order[s][0]:
-                    reserved[s] += float(full[s])
+                    reserved[s] += full[s]
                 start(s, a, T)
         if n_done == total:
             return rows

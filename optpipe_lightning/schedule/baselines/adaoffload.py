@@ -24,6 +24,7 @@ from ..problem import Problem
 from ..schedule import Schedule
 from ..simulator import simulate
 from . import NotApplicable, make_schedule
+from ._deadline import check_deadline
 from ._listsched import (
     OffloadPlan,
     Rows,
@@ -50,6 +51,7 @@ def _bases(problem: Problem) -> list[tuple[str, Rows]]:
         else:
             caps = [None if x is None else x * k for x in limits]
             label = f"greedy-cap{k:g}x"
+        check_deadline()
         rows = list_schedule(problem, caps, w_caps=limits)
         if rows is not None:
             out.append((label, rows))
@@ -75,7 +77,10 @@ def adaoffload(problem: Problem) -> Schedule:
     reasons: list[str] = []
     # Offload only delays ops, so a base no faster than the best fitted plan cannot win: try
     # the bases fastest first and stop early.
-    sims = [(simulate(problem, rows), label, rows) for label, rows in _bases(problem)]
+    sims = []
+    for label, rows in _bases(problem):
+        check_deadline()
+        sims.append((simulate(problem, rows), label, rows))
     sims.sort(key=lambda x: (inf if x[0].makespan is None else x[0].makespan, not x[0].feasible))
     for res, label, rows in sims:
         if (

@@ -23,7 +23,8 @@ from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import SimResult, simulate
 from . import NotApplicable, make_schedule
-from ._listsched import Key, Rows, below_one_activation, live_windows, with_transfers
+from ._deadline import check_deadline
+from ._listsched import Key, Rows, TransferPlacer, below_one_activation, live_windows
 
 WINDOW_FACTOR = 3.0  # PipeOffload skips an offload whose window is under 3 round trips
 SHARE_STEPS = 32  # resolution of the offloaded share per stage
@@ -59,6 +60,7 @@ def runnable_gis(problem: Problem, g: int) -> tuple[Rows, SimResult]:
     p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
     extra = 0
     while True:
+        check_deadline()
         rows = gis_rows(p, m, v, g, extra)
         res = simulate(problem, rows)
         if res.timeline is not None or extra >= m * v:
@@ -74,39 +76,47 @@ def group_sizes(p: int, m: int, v: int) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
-def _share_plan(
-    problem: Problem, rows: Rows, base: SimResult, shares: list[int]
-) -> tuple[list[Key], SimResult]:
-    """Offload ``shares[s] / SHARE_STEPS`` of stage s's eligible activations, longest-lived
-    first (earliest chunk, then longest window), and simulate."""
-    chosen: list[Key] = []
-    ob = problem.cost("offload_bytes")
-    for s in range(problem.num_stages):
-        elig = []
-        for (mb, c), (f_end, b_start, _issue) in live_windows(problem, base, s).items():
-            rt = problem.offload_time(s, c) + problem.reload_time(s, c)
-            if ob[s, c] > 0 and b_start - f_end >= WINDOW_FACTOR * rt:
-                elig.append((c, -(b_start - f_end), mb))
-        elig.sort()
-        n = math.ceil(shares[s] * len(elig) / SHARE_STEPS - 1e-9)
-        chosen += [(s, mb, c) for c, _w, mb in elig[:n]]
-    return chosen, simulate(problem, with_transfers(problem, rows, chosen, base))
+class _SharePlanner:
+    """Share plans on one base order and timeline: the eligible activations of each stage,
+    sorted the way the shares take them, and the transfer placement are made once."""
+
+    def __init__(self, problem: Problem, rows: Rows, base: SimResult) -> None:
+        self.problem = problem
+        self.placer = TransferPlacer(problem, rows, base)
+        ob = problem.cost("offload_bytes")
+        self.eligible: list[list[Key]] = []
+        for s in range(problem.num_stages):
+            elig = []
+            for (mb, c), (f_end, b_start, _issue) in live_windows(problem, base, s).items():
+                rt = problem.offload_time(s, c) + problem.reload_time(s, c)
+                if ob[s, c] > 0 and b_start - f_end >= WINDOW_FACTOR * rt:
+                    elig.append((c, -(b_start - f_end), mb))
+            elig.sort()
+            self.eligible.append([(s, mb, c) for c, _w, mb in elig])
+
+    def plan(self, shares: list[int]) -> tuple[list[Key], SimResult]:
+        """Offload ``shares[s] / SHARE_STEPS`` of stage s's eligible activations, longest-lived
+        first (earliest chunk, then longest window), and simulate."""
+        check_deadline()
+        chosen: list[Key] = []
+        for s, elig in enumerate(self.eligible):
+            n = math.ceil(shares[s] * len(elig) / SHARE_STEPS - 1e-9)
+            chosen += elig[:n]
+        return chosen, simulate(self.problem, self.placer.place(chosen))
 
 
-def _least_shares(
-    problem: Problem, rows: Rows, base: SimResult
-) -> tuple[list[int], list[Key], SimResult] | None:
+def _least_shares(planner: _SharePlanner) -> tuple[list[int], list[Key], SimResult] | None:
     """The same share on every stage, bisected to the least that fits; None if even all the
     eligible activations do not make it fit."""
-    p = problem.num_stages
-    chosen, res = _share_plan(problem, rows, base, [SHARE_STEPS] * p)
+    p = planner.problem.num_stages
+    chosen, res = planner.plan([SHARE_STEPS] * p)
     if not res.feasible:
         return None
     lo, hi = 0, SHARE_STEPS  # fits at hi, not at lo (the base does not fit)
     found = (chosen, res)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        trial = _share_plan(problem, rows, base, [mid] * p)
+        trial = planner.plan([mid] * p)
         if trial[1].feasible:
             hi, found = mid, trial
         else:
@@ -115,19 +125,19 @@ def _least_shares(
 
 
 def _refine_per_stage(
-    problem: Problem, rows: Rows, base: SimResult, shares: list[int], res: SimResult
+    planner: _SharePlanner, shares: list[int], res: SimResult
 ) -> tuple[list[Key], SimResult] | None:
     """Lower each stage's share on its own (bisection) while the schedule fits and is no slower
     (stages differ: rank 0 holds the most, the last rank the least)."""
     assert res.makespan is not None
     limit_ms = res.makespan * (1 + 1e-9)
     best: tuple[list[Key], SimResult] | None = None
-    for s in range(problem.num_stages):
+    for s in range(planner.problem.num_stages):
         lo, hi = -1, shares[s]
         while hi - lo > 1:
             mid = (lo + hi) // 2
             trial_shares = [*shares[:s], mid, *shares[s + 1 :]]
-            trial = _share_plan(problem, rows, base, trial_shares)
+            trial = planner.plan(trial_shares)
             ms = trial[1].makespan
             if trial[1].feasible and ms is not None and ms <= limit_ms:
                 hi, best = mid, trial
@@ -170,7 +180,7 @@ def pipeoffload(problem: Problem) -> Schedule:
         if base.feasible:
             shares, found = [0] * p, ([], base)
         else:
-            least = _least_shares(problem, rows, base)
+            least = _least_shares(_SharePlanner(problem, rows, base))
             if least is None:
                 reasons.append(f"group size {g}")
                 continue
@@ -188,7 +198,7 @@ def pipeoffload(problem: Problem) -> Schedule:
         )
     _ms, _n, g, rows, base, shares, (chosen, res) = best
     if chosen:
-        refined = _refine_per_stage(problem, rows, base, shares, res)
+        refined = _refine_per_stage(_SharePlanner(problem, rows, base), shares, res)
         if refined is not None:
             chosen, res = refined
     assert res.timeline is not None

@@ -30,6 +30,7 @@ from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import simulate
 from . import NotApplicable, make_schedule
+from ._deadline import check_deadline
 from ._listsched import Rows, drop_microbatches, fill_w_slots, order_peak
 
 
@@ -166,6 +167,7 @@ def _v_block(problem: Problem, kind: str, name: str) -> Schedule:
         ),
     }
     for vname, make in variants.items():
+        check_deadline()
         cand = [[a for _, a in row] for row in make()]
         if any(order_peak(problem, r, s) > caps[s] * (1 + 1e-9) for s, r in enumerate(cand)):
             continue
@@ -276,7 +278,9 @@ def _squeeze(
             _lazy_w_level(occupied[s], fb[s], b_cnt[s], b_w[s]) if lazy_w else np.cumsum(fb[s])
         )
     visit = sorted(((t, s, a) for s, row in enumerate(slots) for t, a in row))
-    for t1, s, a in visit:
+    for n_visited, (t1, s, a) in enumerate(visit):
+        if n_visited % 256 == 0:
+            check_deadline()
         if movable is not None and not movable(s, a):
             continue
         g = problem.group_of(s, a.chunk)
