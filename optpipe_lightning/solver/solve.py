@@ -5,6 +5,20 @@ offload-aware list schedulers, the user's hint and the baselines, keep the best 
 accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi (when its
 licence allows) or HiGHS searches with that hint. Every solution a backend reports is turned into
 action lists and re-evaluated by the one simulator; only the simulator's makespan is reported.
+
+Time limit (the guarantee): ``solve`` returns within ``time_limit`` plus about one simulation of
+the problem (``Budget``; measured 59.4-60.0 s against 60 s at 32 x 256 x 1 and x 2 and 16 x 64 x 2,
+2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules start only in the first
+``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
+abandoned there (``schedule.baselines._deadline``), the backend is stopped at the limit less a
+reserve for winding down and turning its last solution into a schedule, and an extraction that
+no longer fits is skipped. Two exceptions: the first schedule that fits is always found, however
+small the limit (the heuristics run until one fits; the minimal-memory order, which fits whenever
+any order does, comes right after the first rule that does not), and a CP-SAT stop that arrives
+while its model is still being built is lost, so the backend's own limit also leaves out half the
+estimated build (``BUILD_PER_SIM``). What was skipped is listed in the schedule's
+``params["skipped"]`` and in ``message``; the seconds each phase took in
+``params["phase_seconds"]``.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..schedule.bounds import lower_bound
 from ..schedule.problem import Problem
@@ -41,6 +56,63 @@ MILP_BUILD_MAX_OPS = 600
 # models CP-SAT was measured better (solver note); ask for backend="gurobi" to force it
 AUTO_GUROBI_MAX_VARS = 20_000
 _REL = 1e-9
+# phase deadlines as shares of the time limit (see the module doc)
+HEURISTIC_SHARE = 0.25
+BASELINE_SHARE = 0.5
+# CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
+# ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
+# with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
+# reserve for extracting its last solution, and its own time limit leaves out half a build
+BUILD_PER_SIM = 10.0
+MIN_BACKEND_BUILDS = 2.0
+EXTRACT_SIMS = 3.0  # reserve for one extraction (actions from times, simulation, repair)
+# and for the backend to wind down once stopped: CP-SAT returned 0.1-0.35 s after its stop at
+# 16x64x2 (2 workers), whatever the simulation time; the reserve is this share of the time
+# limit, at most STOP_RESERVE_MAX seconds
+STOP_RESERVE_SHARE = 0.01
+STOP_RESERVE_MAX = 0.5
+
+
+class Budget:
+    """The deadline of one solve, how long one simulation takes, and where the time went."""
+
+    def __init__(self, t0: float, time_limit: float) -> None:
+        self.t0 = t0
+        self.limit = time_limit
+        self.end = t0 + time_limit
+        self.sim_seconds = 0.0  # the longest simulation (or hint conversion) measured
+        # seconds of each heuristic rule that made a schedule (a list scheduling and one
+        # simulation: an upper bound of one simulation before one is measured)
+        self.rule_seconds: list[float] = []
+        self.phase_seconds: dict[str, float] = {}
+        self.skipped: list[str] = []
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def at(self, share: float) -> float:
+        """The moment ``share`` of the time limit has passed."""
+        return self.t0 + share * self.limit
+
+    def left(self, until: float | None = None) -> float:
+        return (self.end if until is None else until) - time.perf_counter()
+
+    def saw_simulation(self, seconds: float) -> None:
+        self.sim_seconds = max(self.sim_seconds, seconds)
+
+    def skip(self, what: str) -> None:
+        self.skipped.append(what)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t)
 
 
 class _Best:
@@ -88,13 +160,19 @@ class _Best:
 
 
 def schedule_from_ticks(
-    problem: Problem, tm: TickModel, starts: dict[OpKey, int], ends: dict[OpKey, int], source: str
+    problem: Problem,
+    tm: TickModel,
+    starts: dict[OpKey, int],
+    ends: dict[OpKey, int],
+    source: str,
+    max_moves: int = 200,
 ) -> Schedule | None:
-    """Action lists from a backend's tick times, repaired and evaluated by the simulator."""
+    """Action lists from a backend's tick times, repaired (at most ``max_moves`` re-simulations)
+    and evaluated by the simulator."""
     st = {k: v * tm.tick for k, v in starts.items()}
     en = {k: v * tm.tick for k, v in ends.items()}
     rows = actions_from_times(problem, st, en)
-    res = repair(problem, rows)
+    res = repair(problem, rows, max_moves=max_moves)
     if not res.feasible:
         return None
     return Schedule(
@@ -107,13 +185,18 @@ def schedule_from_ticks(
     )
 
 
-def _baselines(problem: Problem, deadline: float | None = None) -> list[tuple[str, Schedule]]:
+def _baselines(
+    problem: Problem, deadline: float | None = None, budget: Budget | None = None
+) -> list[tuple[str, Schedule]]:
     """Every baseline that exists yet and applies (extra hints and fallbacks, never needed).
 
-    With a ``deadline`` (``time.perf_counter()`` value) no baseline starts after it.
+    With a ``deadline`` (``time.perf_counter()`` value) no baseline starts after it and a
+    running one is stopped there (cooperatively, within about one simulation) and dropped; the
+    ``budget`` then lists the ones skipped or stopped.
     """
     try:
         from ..schedule.baselines import BASELINE_NAMES, generate
+        from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
     except (ImportError, AttributeError):
         return []
     names = list(BASELINE_NAMES)
@@ -122,29 +205,65 @@ def _baselines(problem: Problem, deadline: float | None = None) -> list[tuple[st
         first = [n for n in ("adaoffload", "pipeoffload", "zb-auto", "v-min") if n in names]
         names = first + [n for n in names if n not in first]
     out = []
-    for name in names:
+    for i, name in enumerate(names):
         if deadline is not None and time.perf_counter() > deadline:
+            if budget is not None:
+                budget.skip("baselines not started: " + ", ".join(names[i:]))
             break
+        t = time.perf_counter()
         try:
-            sched = generate(name, problem)
+            with deadline_at(deadline):
+                sched = generate(name, problem)
+        except DeadlineExceeded:
+            if budget is not None:
+                budget.skip(f"baseline {name} stopped after {time.perf_counter() - t:.1f} s")
+            continue
         except Exception:  # NotApplicable, or a generator not written yet / broken
             continue
+        finally:
+            if budget is not None:
+                budget.add(f"baseline:{name}", time.perf_counter() - t)
         if isinstance(sched, Schedule):
             out.append((name, sched))
     return out
 
 
 def heuristic_candidates(
-    problem: Problem, stop: threading.Event | None = None
+    problem: Problem,
+    stop: threading.Event | None = None,
+    keep_going: Callable[[], bool] | None = None,
+    skipped: list[str] | None = None,
+    timings: list[float] | None = None,
+    have_one: Callable[[], bool] | None = None,
 ) -> Iterator[tuple[str, Schedule]]:
-    """The list schedulers' schedules (source name, schedule), in rule order, as made."""
-    for rule in default_rules(problem):
-        if stop is not None and stop.is_set():
+    """The list schedulers' schedules (source name, schedule), in rule order, as made; the
+    minimal-memory order (it always fits when any schedule does) comes last.
+
+    Before each rule ``keep_going()`` is asked, and ``stop`` looked at; when either says no the
+    rest is skipped (named in ``skipped``). The seconds each rule that made a schedule took go
+    to ``timings``. With ``have_one`` (whether a schedule that fits was found), the
+    minimal-memory order is moved right after the first rule when that one did not fit, so a
+    first answer comes early even where the rules that fit come late and are slow (32x256x2
+    with slow copies: the first rules get stuck, the first waiting rule takes about 1 s).
+    """
+    rules = default_rules(problem)
+    todo = [(f"heuristic:{r.name}", r) for r in rules] + [("heuristic:minimal-memory", None)]
+    n_rules = len(rules)
+    while todo:
+        if (stop is not None and stop.is_set()) or (keep_going is not None and not keep_going()):
+            if skipped is not None:
+                skipped.append("heuristics not started: " + ", ".join(n for n, _ in todo))
             return
-        sched = run_rule(problem, rule)
+        k = 0
+        if have_one is not None and todo[-1][1] is None and len(todo) <= n_rules and not have_one():
+            k = len(todo) - 1  # a rule ran and nothing fits yet: the sure one first
+        name, rule = todo.pop(k)
+        t = time.perf_counter()
+        sched = run_rule(problem, rule) if rule is not None else minimal_memory_schedule(problem)
         if sched is not None:
-            yield f"heuristic:{rule.name}", sched
-    yield "heuristic:minimal-memory", minimal_memory_schedule(problem)
+            if timings is not None:
+                timings.append(time.perf_counter() - t)
+            yield name, sched
 
 
 def solve(
@@ -163,46 +282,69 @@ def solve(
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
-    Raises ``InfeasibleMemoryLimit`` when no schedule fits (naming the smallest feasible
-    limit) and ``ValueError`` for an unknown backend. ``deterministic_time`` (CP-SAT's
-    deterministic time limit) makes runs with ``workers=1`` reproducible in tests.
+    Returns within ``time_limit`` plus about one simulation of the problem (the module doc says
+    how), except that the first schedule that fits is always found and kept. Raises
+    ``InfeasibleMemoryLimit`` when no schedule fits (naming the smallest feasible limit) and
+    ``ValueError`` for an unknown backend. ``deterministic_time`` (CP-SAT's deterministic time
+    limit) makes runs with ``workers=1`` reproducible in tests.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
     if time_limit < 0:
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit}")
     t0 = time.perf_counter()
-    check_memory_limit(problem)
-    lb = lower_bound(problem)
+    budget = Budget(t0, time_limit)
+    with budget.phase("checks"):
+        check_memory_limit(problem)
+        lb = lower_bound(problem)
     best = _Best(problem, t0, on_incumbent, lb)
     message: str | None = None
 
-    for source, sched in heuristic_candidates(problem, stop):
-        best.offer(sched, source)
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
+    heur_until = budget.at(HEURISTIC_SHARE)
+
+    def keep_going() -> bool:
+        # the first schedule that fits is always found; after it, only within the share
+        return best.schedule is None or (time.perf_counter() < heur_until and not stopped())
+
+    with budget.phase("heuristics"):
+        for source, sched in heuristic_candidates(
+            problem,
+            None,
+            keep_going,
+            budget.skipped,
+            budget.rule_seconds,
+            have_one=lambda: best.schedule is not None,
+        ):
+            best.offer(sched, source)
     if hint is not None:
         if hint.problem_hash != problem.hash:
             message = "the hint was made for another problem and was ignored"
         else:
-            best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
-    if use_baselines and not (stop is not None and stop.is_set()):
-        # baselines are hints only: none starts after half the time limit
-        for name, sched in _baselines(problem, t0 + 0.5 * time_limit):
-            best.offer(sched, f"baseline:{name}")
+            with budget.phase("hint"):
+                best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
+    if use_baselines and not stopped():
+        # baselines are hints only: they run (and are stopped) within the first half
+        with budget.phase("baselines"):
+            for name, sched in _baselines(problem, budget.at(BASELINE_SHARE), budget):
+                best.offer(sched, f"baseline:{name}")
 
     used, message = _choose_backend(problem, backend, best, message)
 
-    remaining = time_limit - (time.perf_counter() - t0)
     proven_optimal = False
     if (
         used != "heuristic"
-        and best.schedule is not None
-        and remaining > 0
-        and not (stop is not None and stop.is_set())
-        and best.makespan > best.bound * (1 + 1e-9)
-    ) or (used != "heuristic" and best.schedule is None and remaining > 0):
+        and budget.left() > 0
+        and not stopped()
+        and (best.schedule is None or best.makespan > best.bound * (1 + 1e-9))
+    ):
         proven_optimal = _run_backend(
-            used, problem, best, remaining, gap_target, seed, workers, stop, deterministic_time
+            used, problem, best, budget, gap_target, seed, workers, stop, deterministic_time
         )
+    elif used != "heuristic" and best.schedule is not None and budget.left() <= 0:
+        budget.skip(f"{used} search (no time left)")
 
     if best.schedule is None:
         raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
@@ -217,21 +359,31 @@ def solve(
     else:
         status = "heuristic" if used == "heuristic" else "feasible"
     sched = best.schedule
+    params: dict[str, object] = {
+        "backend": used,
+        "time_limit": time_limit,
+        "seed": seed,
+        "gap": gap,
+        "gap_target": gap_target,
+        "lower_bound": bound,
+        "status": status,
+        "source": best.source,
+        "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
+    }
+    if budget.skipped:
+        params["skipped"] = list(budget.skipped)
+        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
+            x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
+        )
+        message = note if message is None else f"{message}; {note}"
+    # every offered schedule carries the simulator's evaluation of exactly its actions on this
+    # problem (``_Best.offer`` takes no other), so it is not simulated a second time here
     final = Schedule(
         problem_hash=problem.hash,
         generator="optpipe",
-        params={
-            "backend": used,
-            "time_limit": time_limit,
-            "seed": seed,
-            "gap": gap,
-            "gap_target": gap_target,
-            "lower_bound": bound,
-            "status": status,
-            "source": best.source,
-        },
+        params=params,
         actions=list(sched.actions),
-        evaluation=evaluate(problem, sched),
+        evaluation=sched.evaluation,
         problem=problem,
     )
     first = best.incumbents[0].wall_time if best.incumbents else 0.0
@@ -324,18 +476,45 @@ def _horizon_guess(problem: Problem, best: _Best) -> float:
     return total
 
 
+def _stop_at(at: float, stop: threading.Event | None) -> tuple[threading.Event, threading.Event]:
+    """An event set at ``at`` (``time.perf_counter()``) or when ``stop`` is set, whichever comes
+    first, and the event that ends its watcher thread."""
+    fire = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if (stop is not None and stop.is_set()) or time.perf_counter() >= at:
+                fire.set()
+                return
+            done.wait(max(0.0, min(0.02, at - time.perf_counter())))
+
+    threading.Thread(target=watch, name="optpipe-solve-deadline", daemon=True).start()
+    return fire, done
+
+
 def _run_backend(
     used: str,
     problem: Problem,
     best: _Best,
-    time_limit: float,
+    budget: Budget,
     gap_target: float,
     seed: int,
     workers: int | None,
     stop: threading.Event | None,
     deterministic_time: float | None,
 ) -> bool:
-    """Run one exact backend; returns whether it proved the incumbent optimal."""
+    """Run one exact backend within the budget; returns whether it proved the incumbent optimal.
+
+    The backend is stopped at the time limit less ``EXTRACT_SIMS`` simulations (for turning its
+    last solution into a schedule); its own time limit also leaves out half the estimated model
+    build (``BUILD_PER_SIM`` simulations), the backstop should the stop come before its search.
+    """
+    if budget.rule_seconds and budget.left() < 2 * max(budget.rule_seconds):
+        # not even the hint's conversion (one simulation) fits
+        budget.skip(f"{used} search ({max(0.0, budget.left()):.2f} s left)")
+        return False
+    t_conv = time.perf_counter()
     tm = tick_model(problem, _horizon_guess(problem, best))
     hint = None
     if best.schedule is not None:
@@ -345,62 +524,106 @@ def _run_backend(
             horizon = h[2] if tm.exact else int(h[2] * 1.1) + 10
         else:
             horizon = int(_horizon_guess(problem, best) / tm.tick) + 10
+        budget.saw_simulation(time.perf_counter() - t_conv)  # one simulation and a conversion
     else:
         horizon = int(_horizon_guess(problem, best) / tm.tick) + 10
+    budget.add("hint conversion", time.perf_counter() - t_conv)
     lb_ticks = int(best.bound / tm.tick * (1 - 1e-9)) if best.bound > 0 else 0
     lb_ticks = min(lb_ticks, horizon)
     nworkers = workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
 
+    sim = budget.sim_seconds
+    wind_down = min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
+    t_stop = budget.end - (EXTRACT_SIMS * sim + wind_down)
+    build_est = BUILD_PER_SIM * sim
+    avail = t_stop - time.perf_counter()
+    if avail < MIN_BACKEND_BUILDS * build_est or avail <= 0:
+        budget.skip(
+            f"{used} search ({max(0.0, avail):.1f} s left; building its model takes about "
+            f"{build_est:.1f} s)"
+        )
+        return False
+    # the stop at t_stop is what ends a search that started; the backend's own limit is the
+    # backstop for a stop that came while the model was still being built (then it is lost)
+    time_limit = max(0.01, avail - 0.5 * build_est)
+    # (objective, starts, ends) of the backend's last solution when it was not extracted
+    pending: list[tuple[int, dict[OpKey, int], dict[OpKey, int]]] = []
+    seen: set[int] = set()  # objectives the callback was given
+
+    def extract(starts: dict[OpKey, int], ends: dict[OpKey, int]) -> None:
+        moves = 200
+        if sim > 0:
+            moves = max(0, min(200, int(budget.left() / sim) - 2))
+        with budget.phase("extraction"):
+            best.offer(schedule_from_ticks(problem, tm, starts, ends, used, moves), used)
+
     def on_solution(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, bnd: int) -> None:
+        pending.clear()
+        seen.add(obj)
         if tm.exact:
             best.raise_bound(bnd * tm.tick)
             # a relaxed solution may still time better in the simulator than its objective
             # says only if it is infeasible there; an exact one never does
             if obj * tm.tick >= best.makespan * (1 - _REL):
                 return
-        sched = schedule_from_ticks(problem, tm, starts, ends, used)
-        best.offer(sched, used)
+        if time.perf_counter() >= t_stop:
+            pending.append((obj, starts, ends))  # the search is being stopped
+            return
+        extract(starts, ends)
 
-    if used == "cpsat":
-        from .cpsat import solve_cpsat, tight_model_size
+    fire, done = _stop_at(t_stop, stop)
+    t_search = time.perf_counter()
+    try:
+        if used == "cpsat":
+            from .cpsat import solve_cpsat, tight_model_size
 
-        tight = tight_model_size(problem) <= TIGHT_MODEL_MAX
-        out = solve_cpsat(
-            problem,
-            tm,
-            horizon=horizon,
-            lower_bound=lb_ticks,
-            hint=hint,
-            time_limit=time_limit,
-            gap_target=gap_target,
-            seed=seed,
-            workers=nworkers,
-            on_solution=on_solution,
-            stop=stop,
-            deterministic_time=deterministic_time,
-            tight=tight,
-        )
-        status, obj, bnd = out.status, out.objective, out.bound
-        if out.starts:
-            best.offer(schedule_from_ticks(problem, tm, out.starts, out.ends, used), used)
-    else:
-        from .milp import build_milp, solve_milp
+            tight = tight_model_size(problem) <= TIGHT_MODEL_MAX
+            out = solve_cpsat(
+                problem,
+                tm,
+                horizon=horizon,
+                lower_bound=lb_ticks,
+                hint=hint,
+                time_limit=time_limit,
+                gap_target=gap_target,
+                seed=seed,
+                workers=nworkers,
+                on_solution=on_solution,
+                stop=fire,
+                deterministic_time=deterministic_time,
+                tight=tight,
+            )
+            status, obj, bnd = out.status, out.objective, out.bound
+            starts, ends = out.starts, out.ends
+        else:
+            from .milp import build_milp, solve_milp
 
-        model = build_milp(problem, tm, horizon=horizon, lower_bound=lb_ticks)
-        res = solve_milp(
-            model,
-            used,
-            hint=hint,
-            time_limit=time_limit,
-            gap_target=gap_target,
-            seed=seed,
-            workers=nworkers,
-            on_solution=on_solution,
-            stop=stop,
-        )
-        status, obj, bnd = res.status, res.objective, res.bound
-        if res.starts:
-            best.offer(schedule_from_ticks(problem, tm, res.starts, res.ends, used), used)
+            model = build_milp(problem, tm, horizon=horizon, lower_bound=lb_ticks)
+            res = solve_milp(
+                model,
+                used,
+                hint=hint,
+                time_limit=time_limit,
+                gap_target=gap_target,
+                seed=seed,
+                workers=nworkers,
+                on_solution=on_solution,
+                stop=fire,
+            )
+            status, obj, bnd = res.status, res.objective, res.bound
+            starts, ends = res.starts, res.ends
+    finally:
+        done.set()
+        budget.add(f"{used} (build and search)", time.perf_counter() - t_search)
+    if starts and obj is not None and obj not in seen:
+        pending[:] = [(obj, starts, ends)]  # a final solution the callback never saw
+    if pending:
+        # the last solution came as the search was being stopped: take it if it still fits
+        p_obj, p_starts, p_ends = pending[0]
+        if budget.left() >= 1.5 * sim:  # over by at most about one simulation
+            extract(p_starts, p_ends)
+        else:
+            budget.skip(f"{used}'s last solution (objective {p_obj} ticks) not extracted")
     if not tm.exact:
         return False
     if bnd is not None:

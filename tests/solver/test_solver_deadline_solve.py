@@ -1,0 +1,138 @@
+"""solve() honours its time limit by phases: what it skips, and the deadline it passes down."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import optpipe_lightning.schedule.baselines as baselines_pkg
+import optpipe_lightning.solver.cpsat as cpsat_mod
+from optpipe_lightning.schedule import Problem
+from optpipe_lightning.schedule.baselines._deadline import check_deadline
+from optpipe_lightning.solver import solve
+from optpipe_lightning.solver.cpsat import CpOutcome
+from optpipe_lightning.solver.solve import Budget, _baselines
+
+
+def _pb(p: int, m: int, v: int = 1, mem: float | None = 0.25, copy: float = 0.5) -> Problem:
+    """The benchmark's instances: F = B = W = 1 per stage, limit ``mem`` x p activations."""
+    limit = None if mem is None else mem * p
+    copy_time = copy * 3.0 / v
+    return Problem(
+        num_stages=p,
+        num_microbatches=m,
+        num_chunks=v,
+        placement="vshape",
+        t_f=1.0 / v,
+        t_b=1.0 / v,
+        t_w=1.0 / v,
+        m_f=1.0 / v,
+        m_b=-0.5 / v,
+        m_w=-0.5 / v,
+        memory_limit=limit,
+        offload=None
+        if limit is None
+        else {
+            "bytes": 1.0 / v,
+            "d2h_bandwidth": 1.0 / v / copy_time,
+            "h2d_bandwidth": 1.0 / v / copy_time,
+        },
+    )
+
+
+def test_solver_deadline_zero_limit_still_answers_and_lists_what_it_skipped() -> None:
+    res = solve(_pb(16, 64, 2), time_limit=0.0, workers=1)
+    ev = res.schedule.evaluation
+    assert ev is not None and ev.feasible and ev.makespan == pytest.approx(res.makespan)
+    assert len(res.incumbents) >= 1
+    skipped = res.schedule.params["skipped"]
+    assert any(x.startswith("heuristics not started: ") for x in skipped)
+    assert any(x.startswith("baselines not started: adaoffload, pipeoffload") for x in skipped)
+    assert "cpsat search (no time left)" in skipped
+    assert res.message is not None and res.message.startswith("time limit 0 s: skipped ")
+    phases = res.schedule.params["phase_seconds"]
+    assert "heuristics" in phases and "cpsat (build and search)" not in phases
+
+
+def test_solver_deadline_nothing_skipped_when_time_suffices() -> None:
+    res = solve(_pb(4, 8, mem=0.5, copy=2.0), time_limit=30.0, workers=1, seed=0)
+    assert "skipped" not in res.schedule.params
+    assert res.message is None
+    assert res.status == "optimal"
+
+
+class _FakeSearch:
+    """Stands in for CP-SAT: records what it was given and waits for its stop event."""
+
+    def __init__(self, on_start: threading.Event | None = None) -> None:
+        self.time_limit: float | None = None
+        self.stopped: bool | None = None
+        self.on_start = on_start
+
+    def __call__(self, problem: Problem, tm: Any, **kw: Any) -> CpOutcome:
+        self.time_limit = kw["time_limit"]
+        if self.on_start is not None:
+            self.on_start.set()
+        stop = kw["stop"]
+        assert stop is not None
+        self.stopped = stop.wait(30.0)
+        return CpOutcome("unknown", None, None, 0.0)
+
+
+def test_solver_deadline_backend_is_stopped_at_the_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeSearch()
+    monkeypatch.setattr(cpsat_mod, "solve_cpsat", fake)
+    res = solve(_pb(4, 8, mem=0.5), time_limit=1.0, workers=1, use_baselines=False)
+    assert fake.time_limit is not None and 0 < fake.time_limit <= 1.0
+    assert fake.stopped is True  # the deadline set the backend's stop event
+    assert res.schedule.evaluation is not None and res.schedule.evaluation.feasible
+    assert "cpsat (build and search)" in res.schedule.params["phase_seconds"]
+
+
+def test_solver_deadline_user_stop_reaches_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    stop = threading.Event()
+    fake = _FakeSearch(on_start=stop)  # the user stops the solve while the search runs
+    monkeypatch.setattr(cpsat_mod, "solve_cpsat", fake)
+    solve(_pb(4, 8, mem=0.5), time_limit=600.0, workers=1, stop=stop, use_baselines=False)
+    assert fake.time_limit is not None and fake.time_limit > 100
+    assert fake.stopped is True
+
+
+def test_solver_deadline_backend_skipped_when_its_model_cannot_be_built_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeSearch()
+    monkeypatch.setattr(cpsat_mod, "solve_cpsat", fake)
+    solve_mod = sys.modules["optpipe_lightning.solver.solve"]  # the package re-exports solve()
+    # pretend building the model takes far longer than the limit
+    monkeypatch.setattr(solve_mod, "BUILD_PER_SIM", 1e9)
+    res = solve(_pb(4, 8, mem=0.5), time_limit=5.0, workers=1, use_baselines=False)
+    assert fake.time_limit is None  # never started
+    assert any(x.startswith("cpsat search (") for x in res.schedule.params["skipped"])
+
+
+def test_solver_deadline_running_baseline_is_stopped_and_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    def slow(name: str, problem: Problem) -> Any:
+        calls.append(name)
+        while True:  # a generator that would never end without the deadline
+            check_deadline()
+            time.sleep(0.01)
+
+    monkeypatch.setattr(baselines_pkg, "generate", slow)
+    budget = Budget(time.perf_counter(), 0.3)
+    out = _baselines(_pb(4, 8), budget.at(0.5), budget)
+    assert out == []
+    assert calls == ["adaoffload"]  # the memory-aware ones first; none started after it
+    assert budget.skipped[0].startswith("baseline adaoffload stopped after ")
+    assert budget.skipped[1].startswith("baselines not started: pipeoffload, zb-auto, v-min")
+    assert budget.phase_seconds["baseline:adaoffload"] > 0
