@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -302,6 +303,7 @@ def solve_cpsat(
     deterministic_time: float | None = None,
     tight: bool = True,
     window: int | None = None,
+    deadline: float | None = None,
 ) -> CpOutcome:
     """Build and solve the CP-SAT model; every solution goes to ``on_solution``.
 
@@ -311,6 +313,8 @@ def solve_cpsat(
     memory): its bound is still valid, its solutions are candidates that the caller re-times
     and repairs. ``window`` limits which ops may directly precede an op in the tight model to
     microbatches within that distance (None: all); with a window the bound is not valid.
+    ``deadline`` (a ``time.perf_counter()`` value) caps the search so that the model build counts
+    against it: the search's own limit is set from what is left once the model is built.
     """
     model = _Model(problem, tm, horizon, lower_bound, tight, window)
     if hint is not None:
@@ -327,16 +331,21 @@ def solve_cpsat(
     prm.relative_gap_limit = max(0.0, gap_target)
     if deterministic_time is not None:
         prm.max_deterministic_time = deterministic_time
+    if deadline is not None:
+        prm.max_time_in_seconds = max(
+            0.01, min(prm.max_time_in_seconds, deadline - time.perf_counter())
+        )
     cb = _Callback(model, on_solution)
     done = threading.Event()
     watcher = None
     if stop is not None:
 
         def watch() -> None:
+            # OR-Tools drops a stop that arrives before the search has started: repeat it
             while not done.is_set():
                 if stop.wait(0.05):
                     solver.stop_search()
-                    return
+                    done.wait(0.05)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()

@@ -592,6 +592,7 @@ def _run_backend(
                 stop=fire,
                 deterministic_time=deterministic_time,
                 tight=tight,
+                deadline=t_stop,
             )
             status, obj, bnd = out.status, out.objective, out.bound
             starts, ends = out.starts, out.ends
