@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import insort
 from dataclasses import dataclass
 
 from ..schedule.problem import Problem
@@ -85,8 +86,7 @@ class _Memory:
 
     def add(self, t: float, d: float) -> None:
         if d:
-            self.events.append((t, d))
-            self.events.sort()
+            insort(self.events, (t, d))
 
     def settle(self, t: float) -> None:
         ev = self.events
@@ -150,9 +150,13 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
     p, v, m = pb.num_stages, pb.num_chunks, pb.num_microbatches
     G = p * v
     table = pb.group_table
-    t_f, t_b, t_w, comm = pb.cost("t_f"), pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_comm")
-    m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
-    ob = pb.cost("offload_bytes")
+    # plain nested lists: the greedy indexes them per op (numpy scalar indexing is slow)
+    t_f, t_b, t_w, comm, m_f, m_b, m_w, ob = (
+        pb.cost(name).tolist()
+        for name in ("t_f", "t_b", "t_w", "t_comm", "m_f", "m_b", "m_w", "offload_bytes")
+    )
+    t_off = [[pb.offload_time(s, c) for c in range(v)] for s in range(p)]
+    t_rel = [[pb.reload_time(s, c) for c in range(v)] for s in range(p)]
     limits = pb.memory_limits()
     chan = pb.channel_of()
     mem = [_Memory(limits[s]) for s in range(p)]
@@ -184,10 +188,10 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
         s, _c = table[g]
         if g > 0:
             ps, pc = table[g - 1]
-            lag_in[g] = float(comm[ps, pc]) if ps != s else 0.0
+            lag_in[g] = float(comm[ps][pc]) if ps != s else 0.0
         if g < G - 1:
             ns, nc = table[g + 1]
-            lag_back[g] = float(comm[ns, nc]) if ns != s else 0.0
+            lag_back[g] = float(comm[ns][nc]) if ns != s else 0.0
 
     heap: list[tuple[float, int, int]] = []
     seq = itertools.count()
@@ -243,16 +247,16 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
             if st < now - _EPS and last_end[s] < now - _EPS and last_op[s] is not None:
                 # it would have started in the past: only if memory allowed it then
                 pass
-            if not mem[s].fits(st, float(ob[s, c])):
+            if not mem[s].fits(st, float(ob[s][c])):
                 return None
-        dur = pb.offload_time(s, c) if op == "OFFLOAD" else pb.reload_time(s, c)
+        dur = t_off[s][c] if op == "OFFLOAD" else t_rel[s][c]
         rows[s].append(Action(op, j, c))
         chan_free[ch] = st + dur
         if op == "OFFLOAD":
-            mem[s].add(st + dur, -float(ob[s, c]))
+            mem[s].add(st + dur, -float(ob[s][c]))
             off_end[g][j] = st + dur
         else:
-            mem[s].add(st, float(ob[s, c]))
+            mem[s].add(st, float(ob[s][c]))
             rel_end[g][j] = st + dur
         for s2 in members[ch]:
             wake(st + dur, s2)
@@ -265,10 +269,10 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
         if off_on and lo is not None and lo[0] == "F" and abs(last_end[s] - now) <= _EPS:
             g, j = lo[1], lo[2]
             c = table[g][1]
-            if g < G - 1 and ob[s, c] > 0 and not offloaded[g][j] and b_start[g][j] < 0:
+            if g < G - 1 and ob[s][c] > 0 and not offloaded[g][j] and b_start[g][j] < 0:
                 do = rule.offload == "all"
                 if rule.offload == "lazy" and limits[s] is not None:
-                    nxt = max(float(m_f[s, cc]) for cc in range(v))
+                    nxt = max(float(m_f[s][cc]) for cc in range(v))
                     do = not mem[s].fits(now + _EPS, nxt * rule.headroom)
                 if do:
                     offloaded[g][j] = True
@@ -304,10 +308,10 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                 c = table[g][1]
                 if not fresh and r < now - _EPS:
                     continue  # listed next, the simulator would have run it earlier
-                d = float(t_f[s, c])
-                if not mem[s].fits(now + d, float(m_f[s, c])):
+                d = float(t_f[s][c])
+                if not mem[s].fits(now + d, float(m_f[s][c])):
                     if rule.wait and fresh:
-                        tw = mem[s].wait_until(now + d, float(m_f[s, c]))
+                        tw = mem[s].wait_until(now + d, float(m_f[s][c]))
                         if tw is not None and (waiting is None or tw - d < waiting[0]):
                             waiting = (tw - d, g, nf[g])
                     continue
@@ -330,12 +334,12 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
         kind, _k, g, j = best
         c = table[g][1]
         if kind == 0:
-            d = float(t_b[s, c])
+            d = float(t_b[s][c])
             rows[s].append(Action("B", j, c))
             b_start[g][j] = now
             b_end[g][j] = now + d
             nb[g] += 1
-            mem[s].add(now + d, float(m_b[s, c]))
+            mem[s].add(now + d, float(m_b[s][c]))
             if g > 0:
                 wake(now + d + lag_back[g - 1], table[g - 1][0])
             # trigger the reload of the group reload_lead upstream (or all below the top)
@@ -347,19 +351,19 @@ def list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | None
                     wake(now, ts)
             op = "B"
         elif kind == 1:
-            d = float(t_f[s, c])
+            d = float(t_f[s][c])
             rows[s].append(Action("F", j, c))
             f_end[g][j] = now + d
             nf[g] += 1
-            mem[s].add(now + d, float(m_f[s, c]))
+            mem[s].add(now + d, float(m_f[s][c]))
             if g < G - 1:
                 wake(now + d + lag_in[g + 1], table[g + 1][0])
             op = "F"
         else:
-            d = float(t_w[s, c])
+            d = float(t_w[s][c])
             rows[s].append(Action("W", j, c))
             nw[g] += 1
-            mem[s].add(now + d, float(m_w[s, c]))
+            mem[s].add(now + d, float(m_w[s][c]))
             op = "W"
         dev_free[s] = now + d
         last_end[s] = now + d
