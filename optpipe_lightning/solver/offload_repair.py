@@ -4,7 +4,8 @@ Take an order that is fast with unlimited memory (ZB-H1, ZB-V, the greedy's...),
 under the limit, and wherever a stage holds too much, offload the activations resident there
 whose backward is farthest away (they free the most byte-seconds per copy), reloading each just
 in time for its backward: the RELOAD is issued after the last compute op of the stage that ends
-no later than the backward's start minus the reload time. Re-simulate and repeat until the
+no later than the backward's start minus the reload time (and a slack: copies queue on the
+channel). Re-simulate and repeat until the
 simulator accepts the schedule (the memory wait absorbs copies that end a little late) or no
 activation can help. The compute order never changes, so a base order that is optimal with
 unlimited memory keeps its timing wherever the copies hide behind compute.
@@ -20,7 +21,10 @@ from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import MEMORY_TOLERANCE, SimResult, simulate
 
-BASE_ORDERS = ("zb-h1", "zbv", "zb-h2", "interleaved-1f1b", "1f1b")
+BASE_ORDERS = ("zbv", "zb-h1", "1f1b", "interleaved-1f1b", "zb-h2")  # cheap, likely first
+# reloads issued just in time, or 1 or 2 forwards earlier (room for copies queued on the channel:
+# ZB-H1 at 8x32, half memory: 177.5 just in time, 107.5 one forward earlier)
+SLACKS = (0, 1, 2)
 
 Key = tuple[int, int]  # (mb, chunk)
 
@@ -48,8 +52,10 @@ def repair_offload(
     base: Sequence[Sequence[Action]],
     max_rounds: int = 40,
     deadline: float | None = None,
+    slack: float = 0.0,
 ) -> list[list[Action]] | None:
-    """The base order with offloads that make it fit the memory limit, or None."""
+    """The base order with offloads that make it fit the memory limit, or None. ``slack``
+    (seconds) issues each reload that much earlier than just in time."""
     if not applicable(problem):
         return None
     p = problem.num_stages
@@ -68,7 +74,7 @@ def repair_offload(
             return None
         progress = False
         for s in range(p):
-            progress |= _fix_stage(problem, s, comp[s], chosen[s], res)
+            progress |= _fix_stage(problem, s, comp[s], chosen[s], res, slack)
         if not progress:
             return None
     return None
@@ -79,24 +85,26 @@ def repaired_schedules(problem: Problem, deadline: float | None = None) -> list[
     out: list[Schedule] = []
     if not applicable(problem):
         return out
+    unit = float(problem.cost("t_f").mean())  # reload slack, in forwards
     for name, rows in base_orders(problem):
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        fixed = repair_offload(problem, rows, deadline=deadline)
-        if fixed is None:
-            continue
-        res = simulate(problem, fixed)
-        if res.feasible:
-            out.append(
-                Schedule(
-                    problem_hash=problem.hash,
-                    generator="optpipe-heuristic",
-                    params={"rule": f"offload-repair:{name}"},
-                    actions=fixed,
-                    evaluation=res.evaluation,
-                    problem=problem,
+        for k in SLACKS:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            fixed = repair_offload(problem, rows, deadline=deadline, slack=k * unit)
+            if fixed is None:
+                continue
+            res = simulate(problem, fixed)
+            if res.feasible:
+                out.append(
+                    Schedule(
+                        problem_hash=problem.hash,
+                        generator="optpipe-heuristic",
+                        params={"rule": f"offload-repair:{name}", "reload_slack_forwards": k},
+                        actions=fixed,
+                        evaluation=res.evaluation,
+                        problem=problem,
+                    )
                 )
-            )
     out.sort(key=lambda s: s.evaluation.makespan if s.evaluation and s.evaluation.makespan else 0)
     return out
 
@@ -119,7 +127,12 @@ def _build(comp: list[list[Action]], chosen: list[dict[Key, int]]) -> list[list[
 
 
 def _fix_stage(
-    pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], res: SimResult
+    pb: Problem,
+    s: int,
+    ops: list[Action],
+    chosen: dict[Key, int],
+    res: SimResult,
+    slack: float = 0.0,
 ) -> bool:
     """Choose more activations of stage ``s`` to offload where its memory goes over the limit
     (times from this simulation; the next one checks)."""
@@ -184,7 +197,7 @@ def _fix_stage(
             c = pick[1]
             bytes_ = float(ob[s, c])
             saved.append((f_end[pick] + t_off[c], b_start[pick] - t_rel[c], bytes_))
-            chosen[pick] = _reload_point(ends, f_idx[pick], b_start[pick] - t_rel[c])
+            chosen[pick] = _reload_point(ends, f_idx[pick], b_start[pick] - t_rel[c] - slack)
             progress = True
             # freed by t, or the forward that allocates at t waits for this copy
             level -= bytes_
