@@ -283,3 +283,43 @@ def test_the_timeline_names_each_wait_for_the_executor() -> None:
     res = simulate(pb, rows)
     # F2 (index 4) waited for OFFLOAD 0 (index 1); F1 fitted without waiting
     assert res.timeline.memory_waits == [[(4, 1)]]
+
+
+def test_a_schedule_that_fits_without_waiting_keeps_its_timing_on_a_shared_channel() -> None:
+    """Found by fuzzing against the simulator before the memory wait: holding a forward back to
+    learn whether it must wait changed which copy went first on a shared channel (19.725 became
+    20.6075). A schedule that fits without any wait is now timed exactly as without the rule."""
+    from optpipe_lightning.schedule.simulator import _Simulator
+
+    pb = Problem(
+        num_stages=4,
+        num_microbatches=2,
+        t_f=[0.632, 1.155, 1.0, 1.327],
+        t_b=0.661,
+        t_w=[0.345, 0.0, 0.661, 0.329],
+        t_bw=[2.869, 1.0, 1.826, 1.875],
+        m_f=3.53,
+        m_b=-0.0,
+        m_w=-3.53,
+        memory_limit=7.803885657695545,
+        offload={
+            "bytes": 1.765,
+            "d2h_bandwidth": 0.5,
+            "h2d_bandwidth": 2.0,
+            "channel_groups": [[0, 1]],
+        },
+    )
+    rows = [
+        [
+            *(Action(F, 1), Action(OFF, 1), Action(REL, 1), Action(F, 0)),
+            *(Action(OFF, 0), Action(REL, 0), Action(BW, 1), Action(BW, 0)),
+        ],
+        [Action(F, 0), Action(F, 1), Action(OFF, 1), Action(REL, 1), Action(BW, 1), Action(BW, 0)],
+        [Action(F, 0), Action(OFF, 0), Action(F, 1), Action(REL, 0), Action(BW, 0), Action(BW, 1)],
+        [Action(F, 0), Action(BW, 0), Action(F, 1), Action(BW, 1)],
+    ]
+    plain = _Simulator(pb, rows, memory_wait=False).run()
+    assert plain.feasible and plain.makespan == pytest.approx(19.725)
+    res = simulate(pb, rows)
+    assert res.feasible and res.makespan == pytest.approx(19.725)
+    assert res.timeline is not None and not any(res.timeline.memory_waits)

@@ -123,10 +123,22 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
+        if _shared_channels(problem) and any(x is not None for x in problem.memory_limits()):
+            # On a shared channel, a forward held back to learn whether it must wait can change
+            # which ready copy goes first; a schedule that fits without any wait keeps exactly
+            # the timing it has without the rule (docs/formats.md), so try that first.
+            plain = _Simulator(problem, actions, memory_wait=False).run()
+            if plain.feasible or plain.timeline is None:
+                return plain
         return _Simulator(problem, actions).run()
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _shared_channels(problem: Problem) -> bool:
+    chan = problem.channel_of()
+    return len(set(chan)) < len(chan)
 
 
 class ScheduleMismatchError(ValueError):
@@ -136,7 +148,10 @@ class ScheduleMismatchError(ValueError):
 class _Simulator:
     """One run of the simulator over flat integer op ids (all stages' actions concatenated)."""
 
-    def __init__(self, problem: Problem, actions: Sequence[Sequence[Action]]) -> None:
+    def __init__(
+        self, problem: Problem, actions: Sequence[Sequence[Action]], memory_wait: bool = True
+    ) -> None:
+        self.memory_wait = memory_wait
         self.pb = problem
         self.actions = [list(row) for row in actions]
         self.violations: list[Violation] = []
@@ -441,7 +456,7 @@ class _Simulator:
         # the timed transfers' memory events (time, cumulative delta, is-offload) in list order,
         # which is also time order since a stage's transfers run one at a time in list order
         cap = [
-            None if lim is None else lim * (1 + MEMORY_TOLERANCE) + 1e-6
+            None if lim is None or not self.memory_wait else lim * (1 + MEMORY_TOLERANCE) + 1e-6
             for lim in pb.memory_limits()
         ]
         if any(c is not None for c in cap):
