@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..schedule.baselines import NotApplicable, generate
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
-from ..schedule.simulator import MEMORY_TOLERANCE, SimResult, simulate
+from ..schedule.simulator import MEMORY_TOLERANCE, SimResult, Timeline, simulate
 
 BASE_ORDERS = ("zbv", "zb-h1", "1f1b", "interleaved-1f1b", "zb-h2")  # cheap, likely first
 # reloads issued just in time, or 1 or 2 forwards earlier (room for copies queued on the channel:
@@ -205,16 +205,13 @@ def _fix_stage(
 
 
 def _move_w_before(
-    pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], tl: object, t: float
+    pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], tl: Timeline, t: float
 ) -> float | None:
     """Move the first W of stage ``s`` whose B has ended before the F that ends at ``t`` (and
     that is listed after it) to just before that F; the memory change it brings, or None.
 
     Positions are looked up in ``ops`` (which earlier moves of this round may have changed);
     times come from the last simulation."""
-    from ..schedule.simulator import Timeline
-
-    assert isinstance(tl, Timeline)
     rows = tl.compute_rows(s)
     hit = next(((a, st) for a, st, en in rows if a.op == "F" and abs(en - t) <= 1e-9), None)
     if hit is None:
@@ -236,13 +233,10 @@ def _move_w_before(
 
 
 def _delay_reload_at(
-    pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], tl: object, t: float
+    pb: Problem, s: int, ops: list[Action], chosen: dict[Key, int], tl: Timeline, t: float
 ) -> float | None:
     """Issue the reload that starts at ``t`` one compute op later (still before its backward);
     the memory change at ``t`` that brings, or None."""
-    from ..schedule.simulator import Timeline
-
-    assert isinstance(tl, Timeline)
     for a, st, _en in tl.transfer_rows(s):
         if a.op != "RELOAD" or abs(st - t) > 1e-9:
             continue

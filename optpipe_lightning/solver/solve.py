@@ -44,6 +44,8 @@ from .feasibility import (
 from .heuristics import default_rules, run_rule
 from .hints import tick_times
 from .licence import RESTRICTED_MAX_CONSTRS, RESTRICTED_MAX_VARS, gurobi_license_status
+from .offload_repair import applicable as repair_applies
+from .offload_repair import repaired_schedules
 from .results import Incumbent, SolveResult
 from .ticks import OpKey, TickModel, tick_model
 
@@ -319,14 +321,15 @@ def solve(
             have_one=lambda: best.schedule is not None,
         ):
             best.offer(sched, source)
-    if best.schedule is not None and not stopped() and time.perf_counter() < heur_until:
-        from .offload_repair import applicable as repair_applies
-        from .offload_repair import repaired_schedules
-
-        if repair_applies(problem):
-            with budget.phase("offload repair"):
-                for sched in repaired_schedules(problem, deadline=heur_until):
-                    best.offer(sched, f"heuristic:{sched.params['rule']}")
+    if (
+        best.schedule is not None
+        and not stopped()
+        and time.perf_counter() < heur_until
+        and repair_applies(problem)
+    ):
+        with budget.phase("offload repair"):
+            for sched in repaired_schedules(problem, deadline=heur_until):
+                best.offer(sched, f"heuristic:{sched.params['rule']}")
     if hint is not None:
         if hint.problem_hash != problem.hash:
             message = "the hint was made for another problem and was ignored"
