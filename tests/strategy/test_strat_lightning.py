@@ -110,6 +110,9 @@ def fit(tmp: Path, steps: int, ckpt: str | None = None, **opts: Any) -> list[dic
     tmp.mkdir(parents=True, exist_ok=True)
     opts.setdefault("use_database", False)
     opts.setdefault("profile_steps", 0)
+    # re-balancing by profiled per-layer costs is timing-dependent on these microsecond layers;
+    # the tests that want it say so (test_profiled_costs_repartition_without_changing_numbers)
+    opts.setdefault("repartition", False)
     strategy = OptPipeStrategy(
         num_stages=2, num_microbatches=M, start_method="fork", online_resolve=False, **opts
     )
@@ -330,6 +333,7 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
         schedule="optimal",
         online_resolve=True,
         profile_steps=1,
+        repartition=False,  # timing-dependent on these tiny layers
         use_database=False,
         solver_time_limit=2.0,
         resolve_start_method="fork",
