@@ -131,3 +131,23 @@ def test_offload_mutations_are_caught() -> None:
     no_offload_allowed = pb.with_changes(offload=None)
     kinds = {v.kind for v in simulate(no_offload_allowed, base).evaluation.violations}
     assert kinds == {"offload-not-allowed"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(0, 10**6))
+def test_built_schedules_equal_validated_ones(problem: Problem, seed: int) -> None:
+    rows = [[Action(*a) for a in row] for row in random_valid_actions(problem, seed)]
+    ev = simulate(problem, rows).evaluation
+    fields = dict(problem_hash=problem.hash, generator="g", params={"k": 1}, evaluation=ev)
+    built = Schedule.built(actions=rows, problem=problem, **fields)  # type: ignore[arg-type]
+    checked = Schedule(actions=rows, problem=problem, **fields)  # type: ignore[arg-type]
+    assert built == checked
+    assert built.to_json() == checked.to_json()
+    assert Schedule.from_json(built.to_json()) == checked
+
+
+def test_built_schedules_parse_anything_but_actions() -> None:
+    pb = Problem(num_stages=1, num_microbatches=1, t_f=1.0, t_b=1.0, t_w=1.0)
+    raw = [[("F", 0), {"op": "B", "mb": 0}, ["W", 0, 0]]]
+    sched = Schedule.built(problem_hash=pb.hash, generator="g", actions=raw)  # type: ignore[arg-type]
+    assert sched.actions == [[Action("F", 0), Action("B", 0), Action("W", 0)]]

@@ -44,7 +44,7 @@ def sequential_rows(problem: Problem, offload: bool) -> list[list[Action]]:
 def minimal_memory_schedule(problem: Problem) -> Schedule:
     """The one-at-a-time schedule with offload (evaluated, memory limit ignored)."""
     rows = sequential_rows(problem, offload=problem.offload is not None)
-    return Schedule(
+    return Schedule.built(
         problem_hash=problem.hash,
         generator="optpipe-minimal-memory",
         params={},

@@ -96,7 +96,7 @@ def repaired_schedules(problem: Problem, deadline: float | None = None) -> list[
             res = simulate(problem, fixed)
             if res.feasible:
                 out.append(
-                    Schedule(
+                    Schedule.built(
                         problem_hash=problem.hash,
                         generator="optpipe-heuristic",
                         params={"rule": f"offload-repair:{name}", "reload_slack_forwards": k},

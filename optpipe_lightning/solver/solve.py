@@ -177,7 +177,7 @@ def schedule_from_ticks(
     res = repair(problem, rows, max_moves=max_moves)
     if not res.feasible:
         return None
-    return Schedule(
+    return Schedule.built(
         problem_hash=problem.hash,
         generator="optpipe-solver",
         params={"source": source},
@@ -389,7 +389,7 @@ def solve(
         message = note if message is None else f"{message}; {note}"
     # every offered schedule carries the simulator's evaluation of exactly its actions on this
     # problem (``_Best.offer`` takes no other), so it is not simulated a second time here
-    final = Schedule(
+    final = Schedule.built(
         problem_hash=problem.hash,
         generator="optpipe",
         params=params,

@@ -73,7 +73,7 @@ def make_schedule(
 ) -> Schedule:
     """Wrap per-stage action lists as an evaluated, self-contained schedule."""
     rows = [list(r) for r in actions]
-    return Schedule(
+    return Schedule.built(
         problem_hash=problem.hash,
         generator=generator,
         params=params or {},
