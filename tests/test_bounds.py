@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schedule_strategies import problems, random_valid_actions
 
-from optpipe_lightning.schedule import Problem
+from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.bounds import bound_parts, lower_bound
 
 
@@ -58,3 +61,20 @@ def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
     sched = generate("adaoffload", problem(2.0))
     assert sched.evaluation is not None and sched.evaluation.feasible
     assert slow.value <= sched.evaluation.makespan  # type: ignore[operator]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(offload=True, limit=False), st.integers(0, 10**6))
+def test_memory_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
+    problem: Problem, seed: int
+) -> None:
+    # the tightest limit a schedule fits: its own peak on every stage (each F's unusable limit,
+    # each offload's saving and the copy channel's capacity are all exercised here)
+    actions = random_valid_actions(problem, seed)
+    free = simulate(problem, actions).evaluation
+    assert free.feasible and free.makespan is not None
+    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    ev = simulate(tight, actions).evaluation
+    assert ev.feasible and ev.makespan == pytest.approx(free.makespan)
+    parts = bound_parts(tight)
+    assert parts.memory <= free.makespan * (1 + 1e-9) + 1e-9, parts

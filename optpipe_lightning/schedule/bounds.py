@@ -19,8 +19,12 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
 4. **Memory-time with copy channels** (per device d, with a memory limit): each activation of
    (d, c) is resident from its F end to its B end, at least ``R_g + B_g`` (``R_g`` = the forward
    and backward chain above g), except for the part that is offloaded, resident at least
-   ``t_off + t_rel + B_g``; the W-part stays until W ends (at least ``W_g``). The integral of
-   memory over time is at most ``limit * makespan``. Each offloaded activation also keeps the
+   ``t_off + t_rel + B_g``; the W-part stays until W ends (at least ``W_g``). While an F runs,
+   its device frees nothing but by an offload ending (B and W run on the device), and the F
+   adds its activation when it ends, so during the F at most ``limit - act`` is held: ``act * F``
+   of the limit's byte-seconds per F are unusable, less ``moved * F`` for each offload that
+   ends inside it. The integral of memory over time plus the unusable part is at most
+   ``limit * makespan``. Each offloaded activation also keeps the
    device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
    ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
    (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
@@ -128,18 +132,24 @@ def bound_parts(problem: Problem) -> BoundParts:
         lim = limits[s]
         if lim is None or not signs_ok:
             continue
-        full = 0.0  # resident byte-seconds if nothing is offloaded
+        full = 0.0  # resident (or unusable) byte-seconds if nothing is offloaded
         options: list[tuple[float, float, int]] = []  # (saving, channel seconds, count) per chunk
+        f_longest = max(F[pb.group_of(s, c)] for c in range(v))
         for c in range(v):
             g = pb.group_of(s, c)
             resident = fwd_rest[g] + down[g] + B[g]
             act = float(m_f[s, c])
             wpart = -float(m_w[s, c])
-            full += m * (act * resident + max(wpart, 0.0) * W[g])
+            # while an F runs, nothing of its device frees memory but an offload ending: the
+            # level stays limit - act until then (the F adds act when it ends), so act * F of
+            # the limit's byte-seconds are unusable per F
+            full += m * (act * resident + max(wpart, 0.0) * W[g] + max(act, 0.0) * F[g])
             if pb.offload is not None:
                 moved = float(ob[s, c])
                 trip = pb.offload_time(s, c) + pb.reload_time(s, c)
-                saving = moved * (resident - min(resident, trip + B[g]))
+                # an offload saves its resident time and may end inside one F, giving back up to
+                # moved * F of that F's unusable byte-seconds
+                saving = moved * (resident - min(resident, trip + B[g]) + f_longest)
                 if saving > 0:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
