@@ -28,6 +28,15 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
    ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
    (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
+5. **One thing at a time** (per device d, when no two of its activations fit together and no
+   activation fits beside a W-part, all within the limit): then two W-parts never meet either
+   (the later one's B ran while the earlier W-part was held, beside its own activation), and
+   while an F runs nothing is held but an activation whose offload ends inside it. So the
+   device's F runs, activation residencies and W-parts are disjoint intervals: ``makespan >=
+   head + sum(F + resident + W) + tail`` less what offloads save (``resident - trip - B`` each,
+   plus the F their offload may end in), with the channel as in 4. ``head`` is the earliest F
+   start of d; ``tail`` the least time the last interval leaves after it (the backward chain
+   below, less the W-part's own W). Not used where an offload moves part of an activation.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .problem import Problem
+from .simulator import MEMORY_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -147,12 +157,38 @@ def bound_parts(problem: Problem) -> BoundParts:
             if pb.offload is not None:
                 moved = float(ob[s, c])
                 trip = pb.offload_time(s, c) + pb.reload_time(s, c)
-                # an offload saves its resident time and may end inside one F, giving back up to
-                # moved * F of that F's unusable byte-seconds
-                saving = moved * (resident - min(resident, trip + B[g]) + f_longest)
+                # an offloaded part is resident at least trip + B (its copies and its B) instead of
+                # ``resident``, and its offload may end inside one F, giving back up to moved * F
+                # of that F's unusable byte-seconds
+                saving = moved * (resident - (trip + B[g]) + f_longest)
                 if saving > 0:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
+        # 5. one thing at a time: when no two of the stage's activations and W-parts fit together
+        acts = [float(m_f[s, c]) for c in range(v)]
+        wparts = [-float(m_w[s, c]) for c in range(v) if -float(m_w[s, c]) > 0]
+        room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
+        partial = pb.offload is not None and any(0 < float(ob[s, c]) < acts[c] for c in range(v))
+        smallest = min(acts) + (min(wparts) if wparts else min(acts))
+        if partial or min(acts) <= 0 or smallest <= room:
+            continue
+        span = 0.0  # seconds the stage's memory is surely occupied, nothing offloaded
+        single: list[tuple[float, float, int]] = []
+        tail = float("inf")
+        for c in range(v):
+            g = pb.group_of(s, c)
+            resident = fwd_rest[g] + down[g] + B[g]
+            has_w = -float(m_w[s, c]) > 0
+            span += m * (F[g] + resident + (W[g] if has_w else 0.0))
+            tail = min(tail, max(0.0, below[g] - (W[g] if has_w else 0.0)))
+            if pb.offload is not None and float(ob[s, c]) > 0:
+                t_off = pb.offload_time(s, c)
+                trip = t_off + pb.reload_time(s, c)
+                saving = resident - (trip + B[g]) + min(f_longest, t_off)
+                if saving > 0:
+                    single.append((saving, trip, m))
+        head = min(EF[pb.group_of(s, c)] for c in range(v))
+        mem_lb = max(mem_lb, _memory_channel_bound(span + head + tail, 1.0, single))
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb)
 
 

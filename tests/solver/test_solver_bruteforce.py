@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from optpipe_lightning.schedule import Action, Problem, simulate
+from optpipe_lightning.schedule.bounds import lower_bound
 from optpipe_lightning.solver import solve
 
 
@@ -115,6 +116,7 @@ def test_optimum_equals_exhaustive_search(
 ) -> None:
     pb = _problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
     brute = exhaustive_optimum(pb, fused)
+    assert lower_bound(pb) <= brute + 1e-9  # the cheap bound is valid (fused search: t_w = 0)
     res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
     assert res.status == "optimal"
     assert res.makespan == pytest.approx(brute, abs=1e-9)
