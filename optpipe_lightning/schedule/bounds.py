@@ -169,7 +169,7 @@ def bound_parts(problem: Problem) -> BoundParts:
         wparts = [-float(m_w[s, c]) for c in range(v) if -float(m_w[s, c]) > 0]
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         partial = pb.offload is not None and any(0 < float(ob[s, c]) < acts[c] for c in range(v))
-        smallest = min(acts) + (min(wparts) if wparts else min(acts))
+        smallest = min(acts) + min([*wparts, min(acts)])  # the two smallest things held
         if partial or min(acts) <= 0 or smallest <= room:
             continue
         span = 0.0  # seconds the stage's memory is surely occupied, nothing offloaded
