@@ -10,7 +10,8 @@ Time limit (the guarantee): ``solve`` returns within ``time_limit`` plus about o
 the problem (``Budget``; measured 59.4-60.0 s against 60 s at 32 x 256 x 1 and x 2 and 16 x 64 x 2,
 2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules start only in the first
 ``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
-abandoned there (``schedule.baselines._deadline``), the backend is stopped at the limit less a
+abandoned there (``schedule.baselines._deadline``; those stopped or not started run again, until
+the limit, in whatever time the backend leaves), the backend is stopped at the limit less a
 reserve for winding down and turning its last solution into a schedule, and an extraction that
 no longer fits is skipped. Two exceptions: the first schedule that fits is always found, however
 small the limit (the heuristics run until one fits; the minimal-memory order, which fits whenever
@@ -188,29 +189,40 @@ def schedule_from_ticks(
 
 
 def _baselines(
-    problem: Problem, deadline: float | None = None, budget: Budget | None = None
+    problem: Problem,
+    deadline: float | None = None,
+    budget: Budget | None = None,
+    names: list[str] | None = None,
+    unfinished: list[str] | None = None,
 ) -> list[tuple[str, Schedule]]:
     """Every baseline that exists yet and applies (extra hints and fallbacks, never needed).
 
     With a ``deadline`` (``time.perf_counter()`` value) no baseline starts after it and a
     running one is stopped there (cooperatively, within about one simulation) and dropped; the
-    ``budget`` then lists the ones skipped or stopped.
+    ``budget`` then lists the ones skipped or stopped, and ``unfinished`` gets their names.
+    ``names`` runs only those baselines.
     """
     try:
         from ..schedule.baselines import BASELINE_NAMES, generate
         from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
     except (ImportError, AttributeError):
         return []
-    names = list(BASELINE_NAMES)
-    if problem.offload is not None and any(x is not None for x in problem.memory_limits()):
+    if names is not None:
+        names = [n for n in names if n in BASELINE_NAMES]
+    elif problem.offload is not None and any(x is not None for x in problem.memory_limits()):
         # the memory-aware ones first: where the list schedulers struggle, they help most
+        names = list(BASELINE_NAMES)
         first = [n for n in ("adaoffload", "pipeoffload", "zb-auto", "v-min") if n in names]
         names = first + [n for n in names if n not in first]
+    else:
+        names = list(BASELINE_NAMES)
     out = []
     for i, name in enumerate(names):
         if deadline is not None and time.perf_counter() > deadline:
             if budget is not None:
                 budget.skip("baselines not started: " + ", ".join(names[i:]))
+            if unfinished is not None:
+                unfinished.extend(names[i:])
             break
         t = time.perf_counter()
         try:
@@ -219,6 +231,8 @@ def _baselines(
         except DeadlineExceeded:
             if budget is not None:
                 budget.skip(f"baseline {name} stopped after {time.perf_counter() - t:.1f} s")
+            if unfinished is not None:
+                unfinished.append(name)
             continue
         except Exception:  # NotApplicable, or a generator not written yet / broken
             continue
@@ -336,10 +350,13 @@ def solve(
         else:
             with budget.phase("hint"):
                 best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
+    unfinished: list[str] = []
     if use_baselines and not stopped():
         # baselines are hints only: they run (and are stopped) within the first half
         with budget.phase("baselines"):
-            for name, sched in _baselines(problem, budget.at(BASELINE_SHARE), budget):
+            for name, sched in _baselines(
+                problem, budget.at(BASELINE_SHARE), budget, unfinished=unfinished
+            ):
                 best.offer(sched, f"baseline:{name}")
 
     used, message = _choose_backend(problem, backend, best, message)
@@ -356,6 +373,14 @@ def solve(
         )
     elif used != "heuristic" and best.schedule is not None and budget.left() <= 0:
         budget.skip(f"{used} search (no time left)")
+    # time the backend left (it was skipped, or ended early without a proof): the baselines
+    # stopped at the first half run again until the limit (on a slow machine AdaOffload may need
+    # more than its share, and it is the best answer where copies are slow)
+    until = budget.end - min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
+    if unfinished and not proven_optimal and not stopped() and time.perf_counter() < until:
+        with budget.phase("baselines (second chance)"):
+            for name, sched in _baselines(problem, until, budget, names=unfinished):
+                best.offer(sched, f"baseline:{name}")
 
     if best.schedule is None:
         raise infeasible_error(problem, smallest_feasible_limit(problem)[1])

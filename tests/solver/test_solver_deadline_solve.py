@@ -136,3 +136,19 @@ def test_solver_deadline_running_baseline_is_stopped_and_named(
     assert budget.skipped[0].startswith("baseline adaoffload stopped after ")
     assert budget.skipped[1].startswith("baselines not started: pipeoffload, zb-auto, v-min")
     assert budget.phase_seconds["baseline:adaoffload"] > 0
+
+
+def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
+    # the first half gives the baselines no time at all (as on a machine too slow for their
+    # share); the heuristic backend leaves the rest of the limit: they run then, until it
+    monkeypatch.setattr(solve_mod, "BASELINE_SHARE", 0.0)
+    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule (96)
+    res = solve(pb, backend="heuristic", time_limit=20, workers=1)
+    phases = res.schedule.params["phase_seconds"]
+    assert "baselines (second chance)" in phases
+    assert res.schedule.params["source"] == "baseline:adaoffload"
+    assert res.makespan == pytest.approx(50.5)
+    assert res.solve_seconds < 20  # they finished; nothing waited for the limit
