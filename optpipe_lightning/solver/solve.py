@@ -10,8 +10,9 @@ Time limit (the guarantee): ``solve`` returns within ``time_limit`` plus about o
 the problem (``Budget``; measured 59.4-60.0 s against 60 s at 32 x 256 x 1 and x 2 and 16 x 64 x 2,
 2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules start only in the first
 ``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
-abandoned there (``schedule.baselines._deadline``; those stopped or not started run again, until
-the limit, in whatever time the backend leaves), the backend is stopped at the limit less a
+abandoned there (``schedule.baselines._deadline``; one stopped while running runs once more,
+from the start, until ``SECOND_CHANCE_SHARE``, and those still unfinished or not started run in
+whatever time the backend leaves), the backend is stopped at the limit less a
 reserve for winding down and turning its last solution into a schedule, and an extraction that
 no longer fits is skipped. Two exceptions: the first schedule that fits is always found, however
 small the limit (the heuristics run until one fits; the minimal-memory order, which fits whenever
@@ -62,6 +63,8 @@ _REL = 1e-9
 # phase deadlines as shares of the time limit (see the module doc)
 HEURISTIC_SHARE = 0.25
 BASELINE_SHARE = 0.5
+# a baseline stopped while running may run once more, from the start, until this share
+SECOND_CHANCE_SHARE = 0.75
 # CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
 # ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
 # with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
@@ -194,12 +197,14 @@ def _baselines(
     budget: Budget | None = None,
     names: list[str] | None = None,
     unfinished: list[str] | None = None,
+    interrupted: list[str] | None = None,
 ) -> list[tuple[str, Schedule]]:
     """Every baseline that exists yet and applies (extra hints and fallbacks, never needed).
 
     With a ``deadline`` (``time.perf_counter()`` value) no baseline starts after it and a
     running one is stopped there (cooperatively, within about one simulation) and dropped; the
-    ``budget`` then lists the ones skipped or stopped, and ``unfinished`` gets their names.
+    ``budget`` then lists the ones skipped or stopped, ``unfinished`` gets their names and
+    ``interrupted`` the names of those stopped while running.
     ``names`` runs only those baselines.
     """
     try:
@@ -233,6 +238,8 @@ def _baselines(
                 budget.skip(f"baseline {name} stopped after {time.perf_counter() - t:.1f} s")
             if unfinished is not None:
                 unfinished.append(name)
+            if interrupted is not None:
+                interrupted.append(name)
             continue
         except Exception:  # NotApplicable, or a generator not written yet / broken
             continue
@@ -353,11 +360,30 @@ def solve(
     unfinished: list[str] = []
     if use_baselines and not stopped():
         # baselines are hints only: they run (and are stopped) within the first half
+        interrupted: list[str] = []
         with budget.phase("baselines"):
             for name, sched in _baselines(
-                problem, budget.at(BASELINE_SHARE), budget, unfinished=unfinished
+                problem,
+                budget.at(BASELINE_SHARE),
+                budget,
+                unfinished=unfinished,
+                interrupted=interrupted,
             ):
                 best.offer(sched, f"baseline:{name}")
+        if interrupted and not stopped():
+            # one stopped while running gets another try first: on a machine slower than the
+            # shares assume, AdaOffload (the best answer where copies are slow, 2.6x better than
+            # the list schedules at 32x256x2, 0.25p, 2x) can need more than its half
+            unfinished = [n for n in unfinished if n not in interrupted]
+            with budget.phase("baselines (second chance)"):
+                for name, sched in _baselines(
+                    problem,
+                    budget.at(SECOND_CHANCE_SHARE),
+                    budget,
+                    names=interrupted,
+                    unfinished=unfinished,
+                ):
+                    best.offer(sched, f"baseline:{name}")
 
     used, message = _choose_backend(problem, backend, best, message)
 
@@ -378,7 +404,7 @@ def solve(
     # more than its share, and it is the best answer where copies are slow)
     until = budget.end - min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
     if unfinished and not proven_optimal and not stopped() and time.perf_counter() < until:
-        with budget.phase("baselines (second chance)"):
+        with budget.phase("baselines (in the time left)"):
             for name, sched in _baselines(problem, until, budget, names=unfinished):
                 best.offer(sched, f"baseline:{name}")
 

@@ -148,7 +148,32 @@ def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
     pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule (96)
     res = solve(pb, backend="heuristic", time_limit=20, workers=1)
     phases = res.schedule.params["phase_seconds"]
-    assert "baselines (second chance)" in phases
+    assert "baselines (in the time left)" in phases
     assert res.schedule.params["source"] == "baseline:adaoffload"
     assert res.makespan == pytest.approx(50.5)
     assert res.solve_seconds < 20  # they finished; nothing waited for the limit
+
+
+def test_solver_deadline_a_baseline_stopped_while_running_gets_a_second_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = baselines_pkg.generate
+    calls: list[str] = []
+
+    def first_too_slow(name: str, problem: Problem) -> Any:
+        calls.append(name)
+        if name == "adaoffload" and calls.count(name) == 1:
+            while True:  # too slow for its share the first time
+                check_deadline()
+                time.sleep(0.01)
+        return real(name, problem)
+
+    monkeypatch.setattr(baselines_pkg, "generate", first_too_slow)
+    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule (96)
+    res = solve(pb, backend="heuristic", time_limit=4, workers=1)
+    assert calls.count("adaoffload") == 2
+    skipped = res.schedule.params["skipped"]
+    assert any(x.startswith("baseline adaoffload stopped after ") for x in skipped)
+    assert "baselines (second chance)" in res.schedule.params["phase_seconds"]
+    assert res.schedule.params["source"] == "baseline:adaoffload"
+    assert res.makespan == pytest.approx(50.5)
