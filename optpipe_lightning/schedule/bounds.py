@@ -142,21 +142,24 @@ def bound_parts(problem: Problem) -> BoundParts:
         lim = limits[s]
         if lim is None or not signs_ok:
             continue
-        full = 0.0  # resident (or unusable) byte-seconds if nothing is offloaded
-        options: list[tuple[float, float, int]] = []  # (saving, channel seconds, count) per chunk
-        f_longest = max(F[pb.group_of(s, c)] for c in range(v))
+        # per chunk: (group, resident, activation, W-part, bytes moved, offload, reload seconds)
+        chunks = []
         for c in range(v):
             g = pb.group_of(s, c)
+            moved = float(ob[s, c]) if pb.offload is not None else 0.0
+            t_off = pb.offload_time(s, c)
+            trip = t_off + pb.reload_time(s, c)
             resident = fwd_rest[g] + down[g] + B[g]
-            act = float(m_f[s, c])
-            wpart = -float(m_w[s, c])
+            chunks.append((g, resident, float(m_f[s, c]), -float(m_w[s, c]), moved, t_off, trip))
+        f_longest = max(F[g] for g, *_ in chunks)
+        full = 0.0  # resident (or unusable) byte-seconds if nothing is offloaded
+        options: list[tuple[float, float, int]] = []  # (saving, channel seconds, count) per chunk
+        for g, resident, act, wpart, moved, _t_off, trip in chunks:
             # while an F runs, nothing of its device frees memory but an offload ending: the
             # level stays limit - act until then (the F adds act when it ends), so act * F of
             # the limit's byte-seconds are unusable per F
             full += m * (act * resident + max(wpart, 0.0) * W[g] + max(act, 0.0) * F[g])
             if pb.offload is not None:
-                moved = float(ob[s, c])
-                trip = pb.offload_time(s, c) + pb.reload_time(s, c)
                 # an offloaded part is resident at least trip + B (its copies and its B) instead of
                 # ``resident``, and its offload may end inside one F, giving back up to moved * F
                 # of that F's unusable byte-seconds
@@ -165,29 +168,25 @@ def bound_parts(problem: Problem) -> BoundParts:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
         # 5. one thing at a time: when no two of the stage's activations and W-parts fit together
-        acts = [float(m_f[s, c]) for c in range(v)]
-        wparts = [-float(m_w[s, c]) for c in range(v) if -float(m_w[s, c]) > 0]
+        acts = [act for _, _, act, *_ in chunks]
+        wparts = [w for _, _, _, w, *_ in chunks if w > 0]
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
-        partial = pb.offload is not None and any(0 < float(ob[s, c]) < acts[c] for c in range(v))
+        partial = any(0 < moved < act for _, _, act, _, moved, *_ in chunks)
         smallest = min(acts) + min([*wparts, min(acts)])  # the two smallest things held
         if partial or min(acts) <= 0 or smallest <= room:
             continue
         span = 0.0  # seconds the stage's memory is surely occupied, nothing offloaded
         single: list[tuple[float, float, int]] = []
         tail = float("inf")
-        for c in range(v):
-            g = pb.group_of(s, c)
-            resident = fwd_rest[g] + down[g] + B[g]
-            has_w = -float(m_w[s, c]) > 0
-            span += m * (F[g] + resident + (W[g] if has_w else 0.0))
-            tail = min(tail, max(0.0, below[g] - (W[g] if has_w else 0.0)))
-            if pb.offload is not None and float(ob[s, c]) > 0:
-                t_off = pb.offload_time(s, c)
-                trip = t_off + pb.reload_time(s, c)
+        for g, resident, _act, wpart, moved, t_off, trip in chunks:
+            w_g = W[g] if wpart > 0 else 0.0
+            span += m * (F[g] + resident + w_g)
+            tail = min(tail, max(0.0, below[g] - w_g))
+            if moved > 0:
                 saving = resident - (trip + B[g]) + min(f_longest, t_off)
                 if saving > 0:
                     single.append((saving, trip, m))
-        head = min(EF[pb.group_of(s, c)] for c in range(v))
+        head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, _memory_channel_bound(span + head + tail, 1.0, single))
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb)
 
