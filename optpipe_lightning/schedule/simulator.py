@@ -455,9 +455,12 @@ class _Simulator:
         # memory wait (see the module docstring): per stage the compute ops' running level, and
         # the timed transfers' memory events (time, cumulative delta, is-offload) in list order,
         # which is also time order since a stage's transfers run one at a time in list order
+        # (a stage without transfers has no offload to wait for: its F's never wait)
         cap = [
-            None if lim is None or not self.memory_wait else lim * (1 + MEMORY_TOLERANCE) + 1e-6
-            for lim in pb.memory_limits()
+            None
+            if lim is None or not self.memory_wait or not xfer_q[s]
+            else lim * (1 + MEMORY_TOLERANCE) + 1e-6
+            for s, lim in enumerate(pb.memory_limits())
         ]
         if any(c is not None for c in cap):
             mdelta, is_off, waits_for_memory, xbefore, rbefore = self._memory_tables()
