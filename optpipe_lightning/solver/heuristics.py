@@ -43,14 +43,22 @@ class ListRule:
     reload_lead: int = 1
     wait: bool = False  # a forward that does not fit may wait for an offload to free memory
     headroom: int = 1  # "lazy": offload when fewer than this many more forwards would fit
+    fit: bool = False  # scale each stage's depths so that its in-flight activations fit its limit
+    reserve: bool = False  # an F leaves room for one activation of each deeper group of its stage
 
 
 def default_rules(problem: Problem) -> list[ListRule]:
-    """The rules worth trying on this problem, cheapest and most often best first."""
+    """The rules worth trying on this problem, in the order they run.
+
+    Under a memory limit that a no-offload order fits, the cheapest rule comes first: a
+    memory-fitted one without transfers (an answer at once: no copies to simulate). Where copies
+    take longer than the compute they would hide behind, every no-offload rule comes before
+    the offload rules (those mostly get stuck there, after a full run).
+    """
     limited = any(x is not None for x in problem.memory_limits())
-    rules: list[ListRule] = []
+    offload: list[ListRule] = []
     if problem.offload is not None and limited:
-        rules += [
+        offload = [
             ListRule("offload-all-lead2", "all", 1.0, reload_lead=2),
             ListRule("offload-all", "all", 1.0),
             ListRule("offload-lazy", "lazy", 1.0),
@@ -65,14 +73,68 @@ def default_rules(problem: Problem) -> list[ListRule]:
             ListRule("offload-lazy-wait-wide-lead3", "lazy", 2.0, reload_lead=3, wait=True),
             ListRule("offload-lazy-wait-room2", "lazy", 1.0, reload_lead=2, wait=True, headroom=2),
         ]
-    rules += [
+    plain = [
         ListRule("greedy", "none", None),
         ListRule("greedy-1f1b", "none", 1.0),
         ListRule("greedy-mbfirst", "none", None, deep_first=False),
     ]
-    if limited:
-        rules.append(ListRule("greedy-2x", "none", 2.0))
-    return rules
+    if not limited:
+        return offload + plain
+    plain.append(ListRule("greedy-2x", "none", 2.0))
+    fitted: list[ListRule] = []
+    if problem.num_chunks > 1:
+        # 1F1B's depths scaled to the limit: with several chunks per stage the plain rules fill
+        # the memory with shallow chunks' activations and starve (or deadlock) the deep ones
+        fitted = [
+            ListRule("fit-reserve", "none", 0.8, fit=True, reserve=True),
+            ListRule("fit", "none", 0.75, fit=True),
+            ListRule("fit-deep", "none", 0.9, fit=True),
+        ]
+    if not offload or not no_offload_fits(problem):
+        return offload + fitted + plain
+    cheap = fitted[:1] if fitted else [plain[1]]
+    rest = [r for r in fitted + plain if r not in cheap]
+    if slow_copies(problem):
+        return cheap + rest + offload
+    return cheap + offload + rest
+
+
+def no_offload_fits(problem: Problem) -> bool:
+    """Whether one microbatch at a time without offload fits every stage's limit (so the
+    no-offload rules can finish)."""
+    limits = problem.memory_limits()
+    m_f, m_b, m_w = (problem.cost(n) for n in ("m_f", "m_b", "m_w"))
+    for s, lim in enumerate(limits):
+        if lim is None:
+            continue
+        order = sorted(range(problem.num_chunks), key=lambda c: problem.group_of(s, c))
+        level = peak = 0.0
+        for c in order:
+            level += float(m_f[s, c])
+            peak = max(peak, level)
+        for c in reversed(order):
+            level += float(m_b[s, c])
+            peak = max(peak, level)
+            level += float(m_w[s, c])
+        if peak > lim * (1 + 1e-9) + 1e-6:
+            return False
+    return True
+
+
+def slow_copies(problem: Problem) -> bool:
+    """Whether most offloadable activations take longer to copy out than their microbatch's
+    compute on that chunk (F + B + W)."""
+    if problem.offload is None:
+        return False
+    t = problem.cost("t_f") + problem.cost("t_b") + problem.cost("t_w")
+    ob = problem.cost("offload_bytes")
+    slow = total = 0
+    for s in range(problem.num_stages):
+        for c in range(problem.num_chunks):
+            if ob[s, c] > 0:
+                total += 1
+                slow += problem.offload_time(s, c) > float(t[s, c])
+    return total > 0 and 2 * slow > total
 
 
 class _Memory:
@@ -194,7 +256,10 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
     nw = [0] * G
     groups_of = [[pb.group_of(s, c) for c in range(v)] for s in range(p)]
     pending_reloads: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (group, mb)
-    cap = [None if rule.inflight is None else max(1.0, rule.inflight * (G - g)) for g in range(G)]
+    depth = [float(G - g) for g in range(G)]
+    if rule.fit:
+        depth = _fitted_depths(pb, groups_of, limits, m_f)
+    cap = [None if rule.inflight is None else max(1.0, rule.inflight * depth[g]) for g in range(G)]
     lag_in = [0.0] * G  # comm lag into group g from g-1 (forward) ...
     lag_back = [0.0] * G  # ... and into group g from g+1 (backward)
     for g in range(G):
@@ -322,7 +387,12 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                 if not fresh and r < now - _EPS:
                     continue  # listed next, the simulator would have run it earlier
                 d = float(t_f[s][c])
-                if not mem[s].fits(now + d, float(m_f[s][c])):
+                need = float(m_f[s][c])
+                if rule.reserve:
+                    for g2 in groups_of[s]:
+                        if g2 > g and nf[g2] < nf[g]:
+                            need += float(m_f[s][table[g2][1]])
+                if not mem[s].fits(now + d, need):
                     if rule.wait and fresh:
                         tw = mem[s].wait_until(now + d, float(m_f[s][c]))
                         if tw is not None and (waiting is None or tw - d < waiting[0]):
@@ -391,6 +461,27 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
     if any(nw[g] < m for g in range(G)):
         return None
     return rows
+
+
+def _fitted_depths(
+    pb: Problem,
+    groups_of: list[list[int]],
+    limits: list[float | None],
+    m_f: list[list[float]],
+) -> list[float]:
+    """1F1B's depths (G - g) scaled down per stage so that its groups' in-flight activations at
+    those depths fit the stage's limit (never scaled up)."""
+    G = pb.num_stages * pb.num_chunks
+    depth = [float(G - g) for g in range(G)]
+    for s, gs in enumerate(groups_of):
+        lim = limits[s]
+        need = sum(depth[g] * float(m_f[s][pb.group_table[g][1]]) for g in gs)
+        if lim is None or need <= lim:
+            continue
+        k = lim / need
+        for g in gs:
+            depth[g] *= k
+    return depth
 
 
 def _reload_targets(g: int, lead: int, G: int) -> list[int]:

@@ -138,6 +138,13 @@ def test_solver_deadline_running_baseline_is_stopped_and_named(
     assert budget.phase_seconds["baseline:adaoffload"] > 0
 
 
+def _without_fitted_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drop the memory-fitted list rules (they tie adaoffload on the problem these tests use)."""
+    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
+    rules = solve_mod.default_rules
+    monkeypatch.setattr(solve_mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
+
+
 def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -145,7 +152,8 @@ def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
     # the first half gives the baselines no time at all (as on a machine too slow for their
     # share); the heuristic backend leaves the rest of the limit: they run then, until it
     monkeypatch.setattr(solve_mod, "BASELINE_SHARE", 0.0)
-    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule (96)
+    _without_fitted_rules(monkeypatch)
+    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule left (96)
     res = solve(pb, backend="heuristic", time_limit=20, workers=1)
     phases = res.schedule.params["phase_seconds"]
     assert "baselines (in the time left)" in phases
@@ -169,7 +177,8 @@ def test_solver_deadline_a_baseline_stopped_while_running_gets_a_second_try(
         return real(name, problem)
 
     monkeypatch.setattr(baselines_pkg, "generate", first_too_slow)
-    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule (96)
+    _without_fitted_rules(monkeypatch)
+    pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule left (96)
     res = solve(pb, backend="heuristic", time_limit=4, workers=1)
     assert calls.count("adaoffload") == 2
     skipped = res.schedule.params["skipped"]
