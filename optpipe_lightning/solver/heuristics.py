@@ -341,6 +341,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         return st
 
     def process(s: int, now: float) -> None:
+        if dev_free[s] > now + _EPS and not pending_reloads[s]:
+            return  # busy, and no copy to issue (those are issued when an op ends, at now)
         mem[s].settle(last_end[s])
         # 1. transfers at the issue point of the compute op that just ended
         lo = last_op[s]
