@@ -1,0 +1,68 @@
+"""The list-scheduling rules one by one: memory-fitted rules against the others (issue 3).
+
+For each instance of the solver benchmark's kind (``bench_solver.make_problem``), every rule of
+``default_rules`` runs once; the table shows the best makespan the simulator accepts among the
+memory-fitted rules and among the others (with the rule's name), and the first rule's name,
+makespan and seconds (what ``solve`` reports first). "stuck" = no rule of that kind finished.
+
+    python benchmarks/bench_list_rules.py                       # 4x8 to 16x64, seconds
+    python benchmarks/bench_list_rules.py --sizes 32x256        # about a minute per instance
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_solver import make_problem
+
+from optpipe_lightning.solver.heuristics import default_rules, run_rule
+
+
+def _fmt(x: tuple[float, str] | None) -> str:
+    return "stuck" if x is None else f"{x[0]:g} ({x[1]})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4x8,8x32,16x64", help="comma-separated PxM")
+    ap.add_argument("--chunks", default="1,2")
+    args = ap.parse_args(argv)
+    print(f"Command: `python benchmarks/bench_list_rules.py --sizes {args.sizes}`\n")
+    print("| instance | first rule | first (s) | fitted rules, best | other rules, best |")
+    print("|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        p, m = (int(x) for x in size.split("x"))
+        for v in (int(x) for x in args.chunks.split(",")):
+            for mem in (0.25, 0.5):
+                for copy in (0.5, 2.0):
+                    pb = make_problem(p, m, v, mem, copy)
+                    best: dict[bool, tuple[float, str] | None] = {True: None, False: None}
+                    first = ""
+                    for i, rule in enumerate(default_rules(pb)):
+                        t = time.perf_counter()
+                        sched = run_rule(pb, rule)
+                        dt = time.perf_counter() - t
+                        ev = sched.evaluation if sched is not None else None
+                        ms = ev.makespan if ev is not None and ev.feasible else None
+                        if i == 0:
+                            first = f"{rule.name}: {'stuck' if ms is None else f'{ms:g}'}"
+                            first_s = dt
+                        cur = best[rule.fit]
+                        if ms is not None and (cur is None or ms < cur[0]):
+                            best[rule.fit] = (ms, rule.name)
+                    fitted = _fmt(best[True]) if v > 1 else "-"
+                    print(
+                        f"| {p}x{m}x{v}, {mem:g}p, {copy:g}x | {first} | {first_s:.3f} | "
+                        f"{fitted} | {_fmt(best[False])} |",
+                        flush=True,
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
