@@ -1,15 +1,16 @@
 """``solve``: heuristics first (an answer at once), then an exact backend improves and proves.
 
 Pipeline: check the memory limit (clear error below what any schedule can fit); run the
-offload-aware list schedulers, the user's hint and the baselines, keep the best the simulator
-accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi (when its
-licence allows) or HiGHS searches with that hint. Every solution a backend reports is turned into
+offload-aware list schedulers, a local search over their parameters from the best ones
+(``rule_search``), the offload repair, the user's hint and the baselines; keep the best the
+simulator accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi
+(when its licence allows) or HiGHS searches with that hint. Every solution a backend reports is turned into
 action lists and re-evaluated by the one simulator; only the simulator's makespan is reported.
 
 Time limit (the guarantee): ``solve`` returns within ``time_limit`` plus about one simulation of
 the problem (``Budget``; measured 59.4-60.0 s against 60 s at 32 x 256 x 1 and x 2 and 16 x 64 x 2,
-2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules start only in the first
-``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
+2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules (and the rule search) start
+only in the first ``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
 abandoned there (``schedule.baselines._deadline``; one stopped while running runs once more,
 from the start, until ``SECOND_CHANCE_SHARE``, and those still unfinished or not started run in
 whatever time the backend leaves), the backend is stopped at the limit less a
@@ -43,12 +44,13 @@ from .feasibility import (
     minimal_memory_schedule,
     smallest_feasible_limit,
 )
-from .heuristics import default_rules, run_rule
+from .heuristics import ListRule, default_rules, run_rule
 from .hints import tick_times
 from .licence import RESTRICTED_MAX_CONSTRS, RESTRICTED_MAX_VARS, gurobi_license_status
 from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
 from .results import Incumbent, SolveResult
+from .rule_search import search_rules
 from .ticks import OpKey, TickModel, tick_model
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
@@ -332,6 +334,8 @@ def solve(
         # the first schedule that fits is always found; after it, only within the share
         return best.schedule is None or (time.perf_counter() < heur_until and not stopped())
 
+    rules = {f"heuristic:{r.name}": r for r in default_rules(problem)}
+    starts: list[tuple[float, ListRule]] = []  # (makespan, rule) of the rules whose schedule fits
     with budget.phase("heuristics"):
         for source, sched in heuristic_candidates(
             problem,
@@ -342,6 +346,15 @@ def solve(
             have_one=lambda: best.schedule is not None,
         ):
             best.offer(sched, source)
+            ev = sched.evaluation
+            if source in rules and ev is not None and ev.feasible and ev.makespan is not None:
+                starts.append((ev.makespan, rules[source]))
+    if starts and not stopped() and time.perf_counter() < heur_until:
+        # the rules' parameters tuned to this problem, before the offload repair (which can
+        # take the rest of the share at 32x256x1)
+        with budget.phase("rule search"):
+            for rule, sched in search_rules(problem, starts, keep_going, tried=rules.values()):
+                best.offer(sched, f"heuristic:{rule.name}")
     if (
         best.schedule is not None
         and not stopped()

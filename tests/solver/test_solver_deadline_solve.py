@@ -139,10 +139,12 @@ def test_solver_deadline_running_baseline_is_stopped_and_named(
 
 
 def _without_fitted_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Drop the memory-fitted list rules (they tie adaoffload on the problem these tests use)."""
+    """Drop the memory-fitted list rules and the rule search (they tie adaoffload on the
+    problem these tests use)."""
     solve_mod = sys.modules["optpipe_lightning.solver.solve"]
     rules = solve_mod.default_rules
     monkeypatch.setattr(solve_mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
+    monkeypatch.setattr(solve_mod, "search_rules", lambda *a, **k: iter(()))
 
 
 def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
