@@ -36,6 +36,7 @@ from ..schedule import Action, Schedule
 from ..simulator import Timeline, simulate
 from . import NotApplicable, make_schedule
 from ._common import require_single_chunk
+from ._deadline import check_deadline
 
 _KNOBS = ("allow_bubble_before_first_b", "prioritize_b", "no_bubble_greedy")
 _EPS = 1e-12  # relative slack in time comparisons (float sums of the same costs)
@@ -204,6 +205,7 @@ class _Greedy:
     def run(self) -> list[list[Action]]:
         self.warm_up()
         for i in range(1, self.m):
+            check_deadline()
             self.step(i)
         for s in range(self.p):
             while self.n_w[s] < self.m:
@@ -258,6 +260,7 @@ def zb_auto(problem: Problem) -> Schedule:
     best: tuple[tuple[float, float], list[list[Action]], dict[str, object]] | None = None
     seen: set[tuple[tuple[Action, ...], ...]] = set()
     for values in itertools.product((True, False), repeat=3):
+        check_deadline()
         knobs = dict(zip(_KNOBS, values, strict=True))
         rows = greedy_order(problem, *values)
         if rows is None:
@@ -266,6 +269,7 @@ def zb_auto(problem: Problem) -> Schedule:
         if frozen in seen:  # several knob settings often give the same order
             continue
         seen.add(frozen)
+        check_deadline()
         res = simulate(problem, rows)
         ev = res.evaluation
         if not ev.feasible or ev.makespan is None or res.timeline is None:
