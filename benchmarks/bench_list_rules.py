@@ -4,9 +4,13 @@ For each instance of the solver benchmark's kind (``bench_solver.make_problem``)
 ``default_rules`` runs once; the table shows the best makespan the simulator accepts among the
 memory-fitted rules and among the others (with the rule's name), and the first rule's name,
 makespan and seconds (what ``solve`` reports first). "stuck" = no rule of that kind finished.
+With ``--search``, the local search over the rules' parameters (``solver.rule_search``) then
+runs from the portfolio's three best rules without a time limit: its best, the rules it ran, and
+its seconds.
 
     python benchmarks/bench_list_rules.py                       # 4x8 to 16x64, seconds
     python benchmarks/bench_list_rules.py --sizes 32x256        # about a minute per instance
+    python benchmarks/bench_list_rules.py --search              # and the rule search
 """
 
 from __future__ import annotations
@@ -20,21 +24,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_solver import make_problem
 
-from optpipe_lightning.solver.heuristics import default_rules, run_rule
+from optpipe_lightning.schedule import Problem
+from optpipe_lightning.solver.heuristics import ListRule, default_rules, run_rule
+from optpipe_lightning.solver.rule_search import search_rules
 
 
 def _fmt(x: tuple[float, str] | None) -> str:
     return "stuck" if x is None else f"{x[0]:g} ({x[1]})"
 
 
+def _search_cells(pb: Problem, starts: list[tuple[float, ListRule]]) -> str:
+    runs = 0
+
+    def count() -> bool:
+        nonlocal runs
+        runs += 1
+        return True
+
+    t = time.perf_counter()
+    found = None
+    for rule, sched in search_rules(pb, starts, count, tried=default_rules(pb)):
+        assert sched.evaluation is not None and sched.evaluation.makespan is not None
+        found = (sched.evaluation.makespan, rule.name.removeprefix("search:"))
+    dt = time.perf_counter() - t
+    cell = "no better" if found is None else _fmt(found)
+    return f" {cell} | {runs} | {dt:.2f} |"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4x8,8x32,16x64", help="comma-separated PxM")
     ap.add_argument("--chunks", default="1,2")
+    ap.add_argument("--search", action="store_true", help="also run the rule search")
     args = ap.parse_args(argv)
-    print(f"Command: `python benchmarks/bench_list_rules.py --sizes {args.sizes}`\n")
-    print("| instance | first rule | first (s) | fitted rules, best | other rules, best |")
-    print("|---|---|---|---|---|")
+    flag = " --search" if args.search else ""
+    print(f"Command: `python benchmarks/bench_list_rules.py --sizes {args.sizes}{flag}`\n")
+    head = "| instance | first rule | first (s) | fitted rules, best | other rules, best |"
+    line = "|---|---|---|---|---|"
+    if args.search:
+        head += " search, best | runs | search (s) |"
+        line += "---|---|---|"
+    print(head)
+    print(line)
     for size in args.sizes.split(","):
         p, m = (int(x) for x in size.split("x"))
         for v in (int(x) for x in args.chunks.split(",")):
@@ -43,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     pb = make_problem(p, m, v, mem, copy)
                     best: dict[bool, tuple[float, str] | None] = {True: None, False: None}
                     first = ""
+                    starts: list[tuple[float, ListRule]] = []
                     for i, rule in enumerate(default_rules(pb)):
                         t = time.perf_counter()
                         sched = run_rule(pb, rule)
@@ -52,15 +84,19 @@ def main(argv: list[str] | None = None) -> int:
                         if i == 0:
                             first = f"{rule.name}: {'stuck' if ms is None else f'{ms:g}'}"
                             first_s = dt
+                        if ms is not None:
+                            starts.append((ms, rule))
                         cur = best[rule.fit]
                         if ms is not None and (cur is None or ms < cur[0]):
                             best[rule.fit] = (ms, rule.name)
                     fitted = _fmt(best[True]) if v > 1 else "-"
-                    print(
+                    row = (
                         f"| {p}x{m}x{v}, {mem:g}p, {copy:g}x | {first} | {first_s:.3f} | "
-                        f"{fitted} | {_fmt(best[False])} |",
-                        flush=True,
+                        f"{fitted} | {_fmt(best[False])} |"
                     )
+                    if args.search:
+                        row += _search_cells(pb, starts)
+                    print(row, flush=True)
     return 0
 
 
