@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from bench_problems import bench_problem
 
 import optpipe_lightning.schedule.baselines as baselines_pkg
 import optpipe_lightning.solver.cpsat as cpsat_mod
@@ -17,31 +18,7 @@ from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.cpsat import CpOutcome
 from optpipe_lightning.solver.solve import Budget, _baselines
 
-
-def _pb(p: int, m: int, v: int = 1, mem: float | None = 0.25, copy: float = 0.5) -> Problem:
-    """The benchmark's instances: F = B = W = 1 per stage, limit ``mem`` x p activations."""
-    limit = None if mem is None else mem * p
-    copy_time = copy * 3.0 / v
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        num_chunks=v,
-        placement="vshape",
-        t_f=1.0 / v,
-        t_b=1.0 / v,
-        t_w=1.0 / v,
-        m_f=1.0 / v,
-        m_b=-0.5 / v,
-        m_w=-0.5 / v,
-        memory_limit=limit,
-        offload=None
-        if limit is None
-        else {
-            "bytes": 1.0 / v,
-            "d2h_bandwidth": 1.0 / v / copy_time,
-            "h2d_bandwidth": 1.0 / v / copy_time,
-        },
-    )
+_pb = bench_problem
 
 
 def test_solver_deadline_zero_limit_still_answers_and_lists_what_it_skipped() -> None:

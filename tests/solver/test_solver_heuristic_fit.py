@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bench_problems import bench_problem
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver.heuristics import (
@@ -16,27 +17,8 @@ from optpipe_lightning.solver.heuristics import (
 
 
 def _vshape(p: int, m: int, mem_frac: float, copy: float) -> Problem:
-    """V-shape, 2 chunks, unit compute per microbatch; ``mem_frac`` of 1F1B's p activations;
-    one copy takes ``copy`` times the chunk's F + B + W (the solver benchmark's instances)."""
-    v = 2
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        num_chunks=v,
-        placement="vshape",
-        t_f=0.5,
-        t_b=0.5,
-        t_w=0.5,
-        m_f=0.5,
-        m_b=-0.25,
-        m_w=-0.25,
-        memory_limit=mem_frac * p,
-        offload={
-            "bytes": 0.5,
-            "d2h_bandwidth": 0.5 / (copy * 1.5),
-            "h2d_bandwidth": 0.5 / (copy * 1.5),
-        },
-    )
+    """V-shape, 2 chunks, the solver benchmark's instance."""
+    return bench_problem(p, m, 2, mem_frac, copy)
 
 
 def _makespan(pb: Problem, rule: ListRule) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bench_problems import bench_problem
 
 import optpipe_lightning.solver.rule_search as rs
 from optpipe_lightning.schedule import Problem, Schedule, evaluate
@@ -10,29 +11,7 @@ from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.heuristics import ListRule, default_rules, run_rule
 from optpipe_lightning.solver.rule_search import _key, neighbours, rule_label, search_rules
 
-
-def _pb(p: int, m: int, v: int, mem: float, copy: float) -> Problem:
-    """The solver benchmark's instances: unit compute per microbatch and stage, ``mem`` of
-    1F1B's p activations, one copy ``copy`` times the chunk's F + B + W."""
-    chunk = 3.0 / v
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        num_chunks=v,
-        placement="vshape",
-        t_f=1.0 / v,
-        t_b=1.0 / v,
-        t_w=1.0 / v,
-        m_f=1.0 / v,
-        m_b=-0.5 / v,
-        m_w=-0.5 / v,
-        memory_limit=mem * p,
-        offload={
-            "bytes": 1.0 / v,
-            "d2h_bandwidth": (1.0 / v) / (copy * chunk),
-            "h2d_bandwidth": (1.0 / v) / (copy * chunk),
-        },
-    )
+_pb = bench_problem
 
 
 def test_neighbours_change_one_parameter_and_say_so_in_their_name() -> None:
