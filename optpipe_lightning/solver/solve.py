@@ -4,22 +4,23 @@ Pipeline: check the memory limit (clear error below what any schedule can fit); 
 offload-aware list schedulers, a local search over their parameters from the best ones
 (``rule_search``), the offload repair, the user's hint and the baselines; keep the best the
 simulator accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi
-(when its licence allows) or HiGHS searches with that hint. Every solution a backend reports is turned into
-action lists and re-evaluated by the one simulator; only the simulator's makespan is reported.
+(when its licence allows) or HiGHS searches with that hint. Every solution a backend reports is
+turned into action lists and re-evaluated by the one simulator; only the simulator's makespan is
+reported.
 
 Time limit (the guarantee): ``solve`` returns within ``time_limit`` plus about one simulation of
 the problem (``Budget``; measured 59.4-60.0 s against 60 s at 32 x 256 x 1 and x 2 and 16 x 64 x 2,
 2 cores; BENCHMARKS.md). Every phase has a deadline: heuristic rules (and the rule search) start
-only in the first ``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until ``BASELINE_SHARE`` and are
-abandoned there (``schedule.baselines._deadline``; one stopped while running runs once more,
-from the start, until ``SECOND_CHANCE_SHARE``, and those still unfinished or not started run in
-whatever time the backend leaves), the backend is stopped at the limit less a
-reserve for winding down and turning its last solution into a schedule, and an extraction that
-no longer fits is skipped. Two exceptions: the first schedule that fits is always found, however
-small the limit (the heuristics run until one fits; the minimal-memory order, which fits whenever
-any order does, comes right after the first rule that does not), and a CP-SAT stop that arrives
-while its model is still being built is lost, so the backend's own limit also leaves out half the
-estimated build (``BUILD_PER_SIM``). What was skipped is listed in the schedule's
+only in the first ``HEURISTIC_SHARE`` of the limit, baselines run cooperatively until
+``BASELINE_SHARE`` and are abandoned there (``schedule.baselines._deadline``; one stopped while
+running runs once more, from the start, until ``SECOND_CHANCE_SHARE``, and those still
+unfinished or not started run in whatever time the backend leaves), the backend is stopped at the
+limit less a reserve for winding down and turning its last solution into a schedule, and an
+extraction that no longer fits is skipped. Two exceptions: the first schedule that fits is always
+found, however small the limit (the heuristics run until one fits; the minimal-memory order, which
+fits whenever any order does, comes right after the first rule that does not), and a CP-SAT stop
+that arrives while its model is still being built is lost, so the backend's own limit also leaves
+out half the estimated build (``BUILD_PER_SIM``). What was skipped is listed in the schedule's
 ``params["skipped"]`` and in ``message``; the seconds each phase took in
 ``params["phase_seconds"]``.
 """
