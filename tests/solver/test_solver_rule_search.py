@@ -98,3 +98,16 @@ def test_solve_reports_the_searched_rule() -> None:
     assert "rule search" in res.schedule.params["phase_seconds"]
     sources = [i.source for i in res.incumbents]
     assert any(s.startswith("heuristic:search:") for s in sources)
+
+
+def test_no_search_once_the_bound_proves_the_portfolio_optimal() -> None:
+    # unlimited memory: the portfolio's ZB-H1-like greedy meets the bound (103); neither the
+    # search nor the baselines (hints only) can do better
+    res = solve(_pb(8, 32, 1, None, 0.5), backend="heuristic", time_limit=60, workers=1)
+    assert res.makespan == pytest.approx(103) and res.status == "optimal"
+    phases = res.schedule.params["phase_seconds"]
+    assert "rule search" not in phases and "baselines" not in phases
+    # a gap target the portfolio already meets ends the search before it starts, too
+    pb = _pb(8, 32, 2, 0.25, 0.5)  # portfolio 114.5, bound 99.5: gap 13.1%
+    res = solve(pb, backend="heuristic", time_limit=60, workers=1, gap_target=0.2)
+    assert "rule search" not in res.schedule.params["phase_seconds"]
