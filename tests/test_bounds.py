@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from schedule_strategies import problems, random_valid_actions
 
-from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.schedule import Action, Evaluation, Problem, simulate
 from optpipe_lightning.schedule.bounds import bound_parts, lower_bound
 
 
@@ -63,6 +63,16 @@ def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
     assert slow.value <= sched.evaluation.makespan  # type: ignore[operator]
 
 
+def _at_own_peak(problem: Problem, seed: int) -> tuple[list[list[Action]], Evaluation, Problem]:
+    """A random valid schedule, its evaluation without a limit, and the problem with the limit
+    set to that schedule's own peak on every stage."""
+    actions = random_valid_actions(problem, seed)
+    free = simulate(problem, actions).evaluation
+    assert free.feasible and free.makespan is not None
+    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    return actions, free, tight
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(offload=True, limit=False), st.integers(0, 10**6))
 def test_memory_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
@@ -74,10 +84,7 @@ def test_memory_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
     # F's end nets that instant's memory in the curve, but the memory wait does not look ahead to
     # it, so at the tight limit the F may wait and the schedule shift (4x6x2, t_w=0, seed 0)
     assume(all(float(problem.cost(n).min()) > 0 for n in ("t_f", "t_b", "t_w")))
-    actions = random_valid_actions(problem, seed)
-    free = simulate(problem, actions).evaluation
-    assert free.feasible and free.makespan is not None
-    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    actions, free, tight = _at_own_peak(problem, seed)
     ev = simulate(tight, actions).evaluation
     assert ev.feasible and ev.makespan == pytest.approx(free.makespan)
     parts = bound_parts(tight)
@@ -113,12 +120,5 @@ def test_one_thing_at_a_time_bound_holds_on_schedules_that_fit_one_activation(
 ) -> None:
     # the limit is the schedule's peak when that peak is below an activation plus a W-part:
     # exactly where the one-thing-at-a-time argument applies
-    # Known gap, not this test's subject: a zero-duration W listed after an F and ending at the
-    # F's end nets that instant's memory in the curve, but the memory wait does not look ahead to
-    # it, so at the tight limit the F may wait and the schedule shift (4x6x2, t_w=0, seed 0)
-    assume(all(float(problem.cost(n).min()) > 0 for n in ("t_f", "t_b", "t_w")))
-    actions = random_valid_actions(problem, seed)
-    free = simulate(problem, actions).evaluation
-    assert free.feasible and free.makespan is not None
-    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    _, free, tight = _at_own_peak(problem, seed)
     assert bound_parts(tight).memory <= free.makespan * (1 + 1e-9) + 1e-9
