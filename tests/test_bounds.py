@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from schedule_strategies import problems, random_valid_actions
 
 from optpipe_lightning.schedule import Action, Evaluation, Problem, simulate
 from optpipe_lightning.schedule.bounds import bound_parts, lower_bound
+from optpipe_lightning.solver.feasibility import sequential_rows
 
 
 @pytest.mark.parametrize("p,m,expected", [(4, 8, 27), (8, 32, 103), (16, 64, 207)])
@@ -108,9 +109,44 @@ def test_one_thing_at_a_time_bound_reaches_the_proven_optimum() -> None:
         offload={"bytes": 1, "d2h_bandwidth": 1 / 1.5, "h2d_bandwidth": 1 / 1.5},
     )
     assert bound_parts(pb).memory == pytest.approx(44)
-    # a half-size limit above one activation plus a W-part: the argument does not apply
+    # room for an activation and a W-part: the W-parts leave the argument, which still holds
     roomy = pb.with_changes(memory_limit=1.5)
-    assert bound_parts(roomy).memory < 44
+    assert 36 < bound_parts(roomy).memory < 44
+    # room for two activations: the argument does not apply
+    assert bound_parts(pb.with_changes(memory_limit=2)).memory < 36
+
+
+@pytest.mark.parametrize(
+    "m,limit,bandwidth,optimum",
+    [
+        # the exhaustive optima of tests/solver/test_solver_bruteforce.py (t_w = 0, fused search)
+        pytest.param(3, 3.0, None, 21.0, id="2x3-no-offload"),  # the area argument gave 14
+        pytest.param(2, 3.0, 4.0, 10.0, id="2x2-offload"),  # 4 before
+        pytest.param(2, 3.0, 1.0, 13.0, id="2x2-slow-offload"),  # 8 before; this one gives 12
+    ],
+)
+def test_one_thing_at_a_time_bound_with_room_for_a_w_part(
+    m: int, limit: float, bandwidth: float | None, optimum: float
+) -> None:
+    # two activations (2 x 2) do not fit the limit 3, an activation beside a W-part (2 + 1) does
+    pb = Problem(
+        num_stages=2,
+        num_microbatches=m,
+        t_f=1.0,
+        t_b=2.0,
+        t_w=0.0,
+        t_comm=0.5,
+        m_f=2.0,
+        m_b=-1.0,
+        m_w=-1.0,
+        memory_limit=limit,
+        offload=None
+        if bandwidth is None
+        else {"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth},
+    )
+    value = bound_parts(pb).memory
+    assert value <= optimum + 1e-9
+    assert value >= optimum - 1.0 - 1e-9
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,4 +157,55 @@ def test_one_thing_at_a_time_bound_holds_on_schedules_that_fit_one_activation(
     # the limit is the schedule's peak when that peak is below an activation plus a W-part:
     # exactly where the one-thing-at-a-time argument applies
     _, free, tight = _at_own_peak(problem, seed)
+    assert bound_parts(tight).memory <= free.makespan * (1 + 1e-9) + 1e-9
+
+
+def _w_after_next_f(row: list[Action]) -> list[Action]:
+    """The row with each W moved after the next F (nothing waits for a W: still valid)."""
+    out: list[Action] = []
+    held: list[Action] = []
+    for a in row:
+        if a.op == "W":
+            held.append(a)
+            continue
+        out.append(a)
+        if a.op == "F":
+            out.extend(held)
+            held.clear()
+    return out + held
+
+
+def _pair_free_with_w_room(problem: Problem) -> bool:
+    """Whether some stage's limit fits no two activations but an activation beside a W-part."""
+    limits = problem.memory_limits()
+    m_f, m_w = problem.cost("m_f"), problem.cost("m_w")
+    for s, lim in enumerate(limits):
+        if lim is None:
+            continue
+        act, wpart = float(m_f[s].min()), float(-m_w[s].max())
+        if 2 * act > lim * (1 + 1e-6) and wpart > 0 and act + wpart <= lim:
+            return True
+    return False
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    problems(max_stages=3, max_mb=4, offload=True, limit=False),
+    st.integers(0, 10**6),
+    st.booleans(),
+)
+def test_one_thing_at_a_time_bound_holds_where_a_w_part_fits_beside_an_activation(
+    problem: Problem, seed: int, sequential: bool
+) -> None:
+    # one-at-a-time orders (offloading all but the top chunk), each W after the next F, peak
+    # below two activations with a W-part held beside one: the limit at that peak exercises the
+    # argument without W-parts
+    if sequential:
+        actions = [_w_after_next_f(row) for row in sequential_rows(problem, offload=True)]
+    else:
+        actions = random_valid_actions(problem, seed)
+    free = simulate(problem, actions).evaluation
+    assert free.feasible and free.makespan is not None
+    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    event(f"argument 5 without W-parts: {_pair_free_with_w_room(tight)}")
     assert bound_parts(tight).memory <= free.makespan * (1 + 1e-9) + 1e-9

@@ -28,15 +28,17 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
    ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
    (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
-5. **One thing at a time** (per device d, when no two of its activations fit together and no
-   activation fits beside a W-part, all within the limit): then two W-parts never meet either
-   (the later one's B ran while the earlier W-part was held, beside its own activation), and
-   while an F runs nothing is held but an activation whose offload ends inside it. So the
-   device's F runs, activation residencies and W-parts are disjoint intervals: ``makespan >=
-   head + sum(F + resident + W) + tail`` less what offloads save (``resident - trip - B`` each,
-   plus the F their offload may end in), with the channel as in 4. ``head`` is the earliest F
-   start of d; ``tail`` the least time the last interval leaves after it (the backward chain
-   below, less the W-part's own W). Not used where an offload moves part of an activation.
+5. **One thing at a time** (per device d, when no two of its activations fit together within
+   the limit): while an F runs nothing else is resident but an activation whose offload ends
+   inside it (the F adds its own when it ends), so the device's F runs and activation
+   residencies are disjoint intervals. Where no activation fits beside a W-part either, two
+   W-parts never meet (the later one's B ran while the earlier W-part was held, beside its own
+   activation) and the W-parts join the disjoint intervals; otherwise they are left out. So
+   ``makespan >= head + sum(F + resident [+ W]) + tail`` less what offloads save (``resident -
+   trip - B`` each, plus the F their offload may end in), with the channel as in 4. ``head`` is
+   the earliest F start of d; ``tail`` the least time the last interval leaves after it (the
+   backward chain below, less the W-part's own W where it counts). Not used where an offload
+   moves part of an activation.
 """
 
 from __future__ import annotations
@@ -172,14 +174,16 @@ def bound_parts(problem: Problem) -> BoundParts:
         wparts = [w for _, _, _, w, *_ in chunks if w > 0]
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         partial = any(0 < moved < act for _, _, act, _, moved, *_ in chunks)
-        smallest = min(acts) + min([*wparts, min(acts)])  # the two smallest things held
-        if partial or min(acts) <= 0 or smallest <= room:
-            continue
+        if partial or min(acts) <= 0 or 2 * min(acts) <= room:
+            continue  # two activations fit together
+        # W-parts count only where none fits beside an activation; otherwise they may be held
+        # at any time and the argument leaves them out
+        w_alone = not wparts or min(acts) + min(wparts) > room
         span = 0.0  # seconds the stage's memory is surely occupied, nothing offloaded
         single: list[tuple[float, float, int]] = []
         tail = float("inf")
         for g, resident, _act, wpart, moved, t_off, trip in chunks:
-            w_g = W[g] if wpart > 0 else 0.0
+            w_g = W[g] if wpart > 0 and w_alone else 0.0
             span += m * (F[g] + resident + w_g)
             tail = min(tail, max(0.0, below[g] - w_g))
             if moved > 0:
