@@ -39,10 +39,21 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    the earliest F start of d; ``tail`` the least time the last interval leaves after it (the
    backward chain below, less the W-part's own W where it counts). Not used where an offload
    moves part of an activation.
+6. **Drain** (per device d, with a memory limit): let ``t*`` be when the B-part of d's last
+   backward ends. Every F and backward of d has then started, and the rest of the backward chain
+   below keeps the makespan at least ``below[g]`` after ``t*``; meanwhile d can only finish that
+   backward and run the W's still pending. Just before ``t*`` the backward's activation and the
+   W-part of every other pending W are all held (a W-part is what stays from B end to W end,
+   ``m_f + m_b``, never offloaded), so the limit caps how much W time is left to fill the wait:
+   ``makespan >= head + work + below_min - (own + max W time of the W-parts fitting beside one
+   activation)``, where ``own`` is the most the last backward and its own W can run past its
+   B-part. It binds where the last stage could otherwise drain the pipeline behind a long tail of
+   deferred W's, as the unlimited optimum (ZB-H1) does.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,10 +68,11 @@ class BoundParts:
     forward: float
     backward: float
     memory: float
+    drain: float = 0.0
 
     @property
     def value(self) -> float:
-        return max(self.work, self.forward, self.backward, self.memory)
+        return max(self.work, self.forward, self.backward, self.memory, self.drain)
 
     @property
     def binding(self) -> str:
@@ -69,6 +81,7 @@ class BoundParts:
             "forward": self.forward,
             "backward": self.backward,
             "memory": self.memory,
+            "drain": self.drain,
         }
         return max(parts, key=lambda k: parts[k])
 
@@ -133,8 +146,9 @@ def bound_parts(problem: Problem) -> BoundParts:
         first_b = top + down[g]
         tail = max(W[g], below[g])
         bwd_lb = max(bwd_lb, first_b + m * B[g] + tail)
-    # 4. memory-time
+    # 4. memory-time (5. one thing at a time and 6. drain in the same loop over devices)
     mem_lb = 0.0
+    drain_lb = 0.0
     limits = pb.memory_limits()
     m_f, m_w = pb.cost("m_f"), pb.cost("m_w")
     ob = pb.cost("offload_bytes")
@@ -169,6 +183,10 @@ def bound_parts(problem: Problem) -> BoundParts:
                 if saving > 0:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
+        # 6. drain
+        drain = _drain_bound(pb, s, lim, F, B, W, EF, below)
+        if drain is not None:
+            drain_lb = max(drain_lb, drain)
         # 5. one thing at a time: when no two of the stage's activations and W-parts fit together
         acts = [act for _, _, act, *_ in chunks]
         wparts = [w for _, _, _, w, *_ in chunks if w > 0]
@@ -192,7 +210,57 @@ def bound_parts(problem: Problem) -> BoundParts:
                     single.append((saving, trip, m))
         head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, _memory_channel_bound(span + head + tail, 1.0, single))
-    return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb)
+    return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb)
+
+
+def _drain_bound(
+    pb: Problem,
+    s: int,
+    lim: float,
+    F: list[float],
+    B: list[float],
+    W: list[float],
+    EF: list[float],
+    below: list[float],
+) -> float | None:
+    """Argument 6 for device ``s`` (module doc); None where it does not apply."""
+    v, m = pb.num_chunks, pb.num_microbatches
+    t_b, t_w, t_bw = pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_bw")
+    m_f, m_b = pb.cost("m_f"), pb.cost("m_b")
+    room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
+    groups = [pb.group_of(s, c) for c in range(v)]
+    items: list[tuple[float, float]] = []  # (W-part bytes, W seconds) per chunk
+    for c in range(v):
+        wpart = float(m_f[s, c] + m_b[s, c])
+        if float(t_w[s, c]) <= 0:
+            continue
+        if wpart <= 0:
+            return None  # pending W's hold nothing: the limit does not cap them
+        items.append((wpart, float(t_w[s, c])))
+    ranked = sorted(items, key=lambda it: it[1] / it[0], reverse=True)
+
+    def w_time(budget: float) -> float:
+        """Most W seconds whose W-parts fit in ``budget`` (at most m - 1 per chunk)."""
+        if len(ranked) == 1:
+            wpart, tw = ranked[0]
+            return max(0, min(m - 1, math.floor(budget / wpart + 1e-9))) * tw
+        total = 0.0
+        for wpart, tw in ranked:
+            n = min(float(m), max(0.0, budget) / wpart)
+            total += n * tw
+            budget -= n * wpart
+        return total
+
+    busy = 0.0  # the most time d can spend on ops after t*
+    for c, g in enumerate(groups):
+        act = float(m_f[s, c])
+        if act <= 0:
+            return None
+        own = max(float(t_b[s, c]) - B[g] + float(t_w[s, c]), float(t_bw[s, c]) - B[g])
+        busy = max(busy, own + w_time(room - act))
+    head = min(EF[g] for g in groups)
+    work = m * sum(F[g] + B[g] + W[g] for g in groups)
+    return head + work + max(0.0, min(below[g] for g in groups) - busy)
 
 
 def _memory_channel_bound(

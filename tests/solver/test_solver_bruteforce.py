@@ -99,6 +99,8 @@ CASES = [
     pytest.param(2, 2, 1.0, None, False, False, 4.0, id="2x2-unlimited"),
     pytest.param(2, 2, 1.0, 2.0, False, False, 4.0, id="2x2-mem1-no-offload"),
     pytest.param(3, 2, 1.0, 2.0, False, False, 4.0, id="3x2-mem1-no-offload"),
+    # the drain argument alone proves this optimum (15; the other bounds reach 14)
+    pytest.param(3, 2, 1.0, 4.0, False, False, 4.0, id="3x2-mem2-no-offload"),
     pytest.param(2, 3, 0.0, 3.0, False, True, 4.0, id="2x3-mem1.5-no-offload"),
     pytest.param(2, 2, 0.0, 2.0, False, True, 4.0, id="2x2-mem1-no-offload-fused"),
     pytest.param(2, 2, 0.0, 2.0, True, True, 4.0, id="2x2-mem1-offload"),
