@@ -28,6 +28,7 @@ out half the estimated build (``BUILD_PER_SIM``). What was skipped is listed in 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -613,7 +614,14 @@ def _run_backend(
     else:
         horizon = int(_horizon_guess(problem, best) / tm.tick) + 10
     budget.add("hint conversion", time.perf_counter() - t_conv)
-    lb_ticks = int(best.bound / tm.tick * (1 - 1e-9)) if best.bound > 0 else 0
+    if best.bound <= 0:
+        lb_ticks = 0
+    elif tm.exact:
+        # every simulated time is a whole number of ticks: the makespan is at least the bound
+        # rounded up (rounding down let CP-SAT search on below a bound the incumbent had met)
+        lb_ticks = math.ceil(best.bound / tm.tick - 1e-6)
+    else:
+        lb_ticks = int(best.bound / tm.tick * (1 - 1e-9))
     lb_ticks = min(lb_ticks, horizon)
     nworkers = workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
 
@@ -655,6 +663,8 @@ def _run_backend(
             pending.append((obj, starts, ends))  # the search is being stopped
             return
         extract(starts, ends)
+        if best.makespan - best.bound <= max(gap_target * best.makespan, best.bound * 1e-9):
+            fire.set()  # the incumbent meets the bound (or the gap target): nothing left to find
 
     fire, done = _stop_at(t_stop, stop)
     t_search = time.perf_counter()

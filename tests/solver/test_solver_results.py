@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from bench_problems import bench_problem
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.solver import (
@@ -149,3 +150,24 @@ def test_hint_is_used_and_foreign_hint_is_ignored() -> None:
     other = solve(_pb(4, 8, limit=3.0), backend="heuristic", use_baselines=False)
     res2 = solve(pb, backend="heuristic", hint=other.schedule, use_baselines=False)
     assert res2.message is not None and "another problem" in res2.message
+
+
+def test_backend_starts_from_the_bound_rounded_up_to_whole_ticks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # with exact ticks every simulated time is a whole number of them, so CP-SAT may start at the
+    # bound rounded up; rounded down (207.5 for 208) it searched on after meeting the bound
+    import optpipe_lightning.solver.cpsat as cpsat
+
+    seen: dict[str, object] = {}
+
+    def fake(problem: Problem, tm: object, **kw: object) -> cpsat.CpOutcome:
+        seen.update(kw, tick=tm.tick, exact=tm.exact)
+        return cpsat.CpOutcome("unknown", None, None, 0.0)
+
+    monkeypatch.setattr(cpsat, "solve_cpsat", fake)
+    pb = bench_problem(8, 32, 1, 0.5, 0.5)  # drain bound 104, times in halves
+    res = solve(pb, time_limit=5, use_baselines=False)
+    assert res.lower_bound == pytest.approx(104.0)
+    assert seen["exact"] is True
+    assert seen["lower_bound"] == round(104.0 / float(seen["tick"]))  # type: ignore[arg-type]
