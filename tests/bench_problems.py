@@ -1,4 +1,5 @@
-"""The solver benchmark's instances (``benchmarks/bench_solver.py``), for tests."""
+"""Shared test instances: the solver benchmark's (``benchmarks/bench_solver.py``) and the small
+ones exhaustive search settles (``tests/solver/test_solver_bruteforce.py``)."""
 
 from __future__ import annotations
 
@@ -32,4 +33,32 @@ def bench_problem(
             "d2h_bandwidth": 1.0 / v / copy_time,
             "h2d_bandwidth": 1.0 / v / copy_time,
         },
+    )
+
+
+def brute_problem(
+    p: int,
+    m: int,
+    *,
+    t_w: float = 1.0,
+    limit: float | None = None,
+    offload: bool = False,
+    bandwidth: float = 4.0,
+) -> Problem:
+    """F = 1, B = 2, W = ``t_w``, p2p 0.5; activation 2 (B frees half, W the rest); copies of the
+    whole activation at ``bandwidth`` (4: half an F) when ``offload``."""
+    return Problem(
+        num_stages=p,
+        num_microbatches=m,
+        t_f=1.0,
+        t_b=2.0,
+        t_w=t_w,
+        t_comm=0.5,
+        m_f=2.0,
+        m_b=-1.0,
+        m_w=-1.0,
+        memory_limit=limit,
+        offload={"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth}
+        if offload
+        else None,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, brute_problem
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from schedule_strategies import problems, random_valid_actions
@@ -131,20 +131,8 @@ def test_one_thing_at_a_time_bound_with_room_for_a_w_part(
     m: int, limit: float, bandwidth: float | None, optimum: float
 ) -> None:
     # two activations (2 x 2) do not fit the limit 3, an activation beside a W-part (2 + 1) does
-    pb = Problem(
-        num_stages=2,
-        num_microbatches=m,
-        t_f=1.0,
-        t_b=2.0,
-        t_w=0.0,
-        t_comm=0.5,
-        m_f=2.0,
-        m_b=-1.0,
-        m_w=-1.0,
-        memory_limit=limit,
-        offload=None
-        if bandwidth is None
-        else {"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth},
+    pb = brute_problem(
+        2, m, t_w=0.0, limit=limit, offload=bandwidth is not None, bandwidth=bandwidth or 4.0
     )
     value = bound_parts(pb).memory
     assert value <= optimum + 1e-9
@@ -256,18 +244,7 @@ def test_drain_bound_proves_an_exhaustive_optimum() -> None:
     # (tests/solver/test_solver_bruteforce.py, case 3x2-mem2-no-offload). The last stage
     # starts at 3 and works 8; after its last B it may run its own W and one other (one W-part
     # fits beside that B's activation), 2 units, while the backward chain below needs 6
-    pb = Problem(
-        num_stages=3,
-        num_microbatches=2,
-        t_f=1.0,
-        t_b=2.0,
-        t_w=1.0,
-        t_comm=0.5,
-        m_f=2.0,
-        m_b=-1.0,
-        m_w=-1.0,
-        memory_limit=4.0,
-    )
+    pb = brute_problem(3, 2, limit=4.0)
     parts = bound_parts(pb)
     assert parts.drain == pytest.approx(15)
     assert max(parts.work, parts.forward, parts.backward, parts.memory) < 15

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from bench_problems import brute_problem
 
 from optpipe_lightning.schedule import Action, Problem, simulate
 from optpipe_lightning.schedule.bounds import lower_bound
@@ -71,26 +72,6 @@ def _exhaustive(pb: Problem, fused: bool) -> float:
     return best
 
 
-def _problem(
-    p: int, m: int, *, t_w: float, limit: float | None, offload: bool, bandwidth: float = 4.0
-) -> Problem:
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        t_f=1.0,
-        t_b=2.0,
-        t_w=t_w,
-        t_comm=0.5,
-        m_f=2.0,
-        m_b=-1.0,
-        m_w=-1.0,
-        memory_limit=limit,
-        offload={"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth}
-        if offload
-        else None,
-    )
-
-
 # (stages, microbatches, t_w, memory limit, offload, fused exhaustive search, copy bandwidth)
 # fused search with t_w = 0 is exact: a zero-length W is best right after its B. Bandwidth 4
 # makes a copy half an F; bandwidth 1 makes it two Fs, so the best schedules let an F wait for
@@ -116,7 +97,7 @@ CASES = [
 def test_optimum_equals_exhaustive_search(
     p: int, m: int, t_w: float, limit: float | None, offload: bool, fused: bool, bandwidth: float
 ) -> None:
-    pb = _problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
+    pb = brute_problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
     brute = exhaustive_optimum(pb, fused)
     assert lower_bound(pb) <= brute + 1e-9  # the cheap bound is valid (fused search: t_w = 0)
     res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
@@ -129,8 +110,8 @@ def test_optimum_equals_exhaustive_search(
 
 def test_offload_beats_no_offload_on_the_tiny_case() -> None:
     """The offload case above is a real one: offload lowers the optimum (10 s against 14 s)."""
-    with_off = exhaustive_optimum(_problem(2, 2, t_w=0.0, limit=2.0, offload=True), True)
-    without = exhaustive_optimum(_problem(2, 2, t_w=0.0, limit=2.0, offload=False), True)
+    with_off = exhaustive_optimum(brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True), True)
+    without = exhaustive_optimum(brute_problem(2, 2, t_w=0.0, limit=2.0, offload=False), True)
     assert with_off == pytest.approx(10.0)
     assert without == pytest.approx(14.0)
 
@@ -138,5 +119,5 @@ def test_offload_beats_no_offload_on_the_tiny_case() -> None:
 def test_slow_offload_pays_only_with_the_memory_wait() -> None:
     """Copies twice as slow as an F: the best schedule has an F wait for an offload (13 s; 14 s
     without offload, which is also the best when no F may wait)."""
-    pb = _problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0)
+    pb = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0)
     assert exhaustive_optimum(pb, True) == pytest.approx(13.0)

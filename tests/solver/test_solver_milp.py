@@ -5,25 +5,14 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from bench_problems import brute_problem
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.solver import gurobi_license_status, solve
 
 
 def _pb(p: int, m: int, limit: float | None, offload: bool) -> Problem:
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        t_f=1.0,
-        t_b=2.0,
-        t_w=1.0,
-        t_comm=0.5,
-        m_f=2.0,
-        m_b=-1.0,
-        m_w=-1.0,
-        memory_limit=limit,
-        offload={"bytes": 2.0, "d2h_bandwidth": 4.0, "h2d_bandwidth": 4.0} if offload else None,
-    )
+    return brute_problem(p, m, limit=limit, offload=offload)
 
 
 SMALL = [
