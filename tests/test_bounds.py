@@ -66,13 +66,18 @@ def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
     assert slow.value <= sched.evaluation.makespan  # type: ignore[operator]
 
 
+def _limited_to(problem: Problem, ev: Evaluation) -> Problem:
+    """The problem with each stage's limit set to that stage's peak in ``ev``."""
+    return problem.with_changes(memory_limit=[max(x, 1e-9) for x in ev.peak_memory])
+
+
 def _at_own_peak(problem: Problem, seed: int) -> tuple[list[list[Action]], Evaluation, Problem]:
     """A random valid schedule, its evaluation without a limit, and the problem with the limit
     set to that schedule's own peak on every stage."""
     actions = random_valid_actions(problem, seed)
     free = simulate(problem, actions).evaluation
     assert free.feasible and free.makespan is not None
-    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    tight = _limited_to(problem, free)
     return actions, free, tight
 
 
@@ -196,7 +201,7 @@ def test_one_thing_at_a_time_bound_holds_where_a_w_part_fits_beside_an_activatio
         actions = random_valid_actions(problem, seed)
     free = simulate(problem, actions).evaluation
     assert free.feasible and free.makespan is not None
-    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    tight = _limited_to(problem, free)
     event(f"argument 5 without W-parts: {_pair_free_with_w_room(tight)}")
     assert bound_parts(tight).memory <= free.makespan * (1 + 1e-9) + 1e-9
 
@@ -222,7 +227,7 @@ def test_drain_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
     actions = [_ws_late(row, keep) for row in random_valid_actions(problem, seed)]
     free = simulate(problem, actions).evaluation
     assert free.feasible and free.makespan is not None
-    tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in free.peak_memory])
+    tight = _limited_to(problem, free)
     parts = bound_parts(tight)
     event(f"drain binds: {parts.drain >= parts.value - 1e-9 and parts.drain > parts.work + 1e-9}")
     event(f"drain is the makespan: {parts.drain >= free.makespan * (1 - 1e-9)}")
@@ -260,7 +265,7 @@ def test_drain_bound_holds_on_memory_limited_list_schedules_at_their_own_peak(
     for sched in heuristic_schedules(problem)[:3]:
         ev = sched.evaluation
         assert ev is not None and ev.makespan is not None
-        tight = problem.with_changes(memory_limit=[max(x, 1e-9) for x in ev.peak_memory])
+        tight = _limited_to(problem, ev)
         parts = bound_parts(tight)
         event(f"drain is the makespan: {parts.drain >= ev.makespan * (1 - 1e-9)}")
         assert parts.drain <= ev.makespan * (1 + 1e-9) + 1e-9, parts

@@ -128,12 +128,10 @@ def bound_parts(problem: Problem) -> BoundParts:
     for g in range(1, G):
         below[g] = cb[g - 1] + B[g - 1] + below[g - 1]
 
-    # 1. work
-    work_lb = 0.0
-    for s in range(p):
-        head = min(EF[pb.group_of(s, c)] for c in range(v))
-        work = m * float(t_f[s].sum() + np.minimum(t_b[s] + t_w[s], t_bw[s]).sum())
-        work_lb = max(work_lb, head + work)
+    # 1. work (each device's head and work serve argument 6 too)
+    heads = [min(EF[pb.group_of(s, c)] for c in range(v)) for s in range(p)]
+    works = [m * float(t_f[s].sum() + np.minimum(t_b[s] + t_w[s], t_bw[s]).sum()) for s in range(p)]
+    work_lb = max(h + w for h, w in zip(heads, works, strict=True))
     # 2. forward throughput
     fwd_lb = 0.0
     for g in range(G):
@@ -183,14 +181,14 @@ def bound_parts(problem: Problem) -> BoundParts:
                 if saving > 0:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
+        room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         # 6. drain
-        drain = _drain_bound(pb, s, lim, F, B, W, EF, below)
+        drain = _drain_bound(pb, s, room, B, below, heads[s] + works[s])
         if drain is not None:
             drain_lb = max(drain_lb, drain)
         # 5. one thing at a time: when no two of the stage's activations and W-parts fit together
         acts = [act for _, _, act, *_ in chunks]
         wparts = [w for _, _, _, w, *_ in chunks if w > 0]
-        room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         partial = any(0 < moved < act for _, _, act, _, moved, *_ in chunks)
         if partial or min(acts) <= 0 or 2 * min(acts) <= room:
             continue  # two activations fit together
@@ -214,20 +212,13 @@ def bound_parts(problem: Problem) -> BoundParts:
 
 
 def _drain_bound(
-    pb: Problem,
-    s: int,
-    lim: float,
-    F: list[float],
-    B: list[float],
-    W: list[float],
-    EF: list[float],
-    below: list[float],
+    pb: Problem, s: int, room: float, B: list[float], below: list[float], head_work: float
 ) -> float | None:
-    """Argument 6 for device ``s`` (module doc); None where it does not apply."""
+    """Argument 6 for device ``s`` (module doc) at memory ``room``, after ``head_work`` (its
+    argument-1 bound); None where it does not apply."""
     v, m = pb.num_chunks, pb.num_microbatches
     t_b, t_w, t_bw = pb.cost("t_b"), pb.cost("t_w"), pb.cost("t_bw")
     m_f, m_b = pb.cost("m_f"), pb.cost("m_b")
-    room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
     groups = [pb.group_of(s, c) for c in range(v)]
     items: list[tuple[float, float]] = []  # (W-part bytes, W seconds) per chunk
     for c in range(v):
@@ -258,9 +249,7 @@ def _drain_bound(
             return None
         own = max(float(t_b[s, c]) - B[g] + float(t_w[s, c]), float(t_bw[s, c]) - B[g])
         busy = max(busy, own + w_time(room - act))
-    head = min(EF[g] for g in groups)
-    work = m * sum(F[g] + B[g] + W[g] for g in groups)
-    return head + work + max(0.0, min(below[g] for g in groups) - busy)
+    return head_work + max(0.0, min(below[g] for g in groups) - busy)
 
 
 def _memory_channel_bound(
