@@ -2,7 +2,8 @@
 
 For each instance of the solver benchmark's kind (``bench_solver.make_problem``), every rule of
 ``default_rules`` runs once; the table shows the best makespan the simulator accepts among the
-memory-fitted rules and among the others (with the rule's name), and the first rule's name,
+memory-fitted rules, among the rules that plan copies on the channel's timeline (``plan``, one
+chunk per stage) and among the others (with the rule's name), and the first rule's name,
 makespan and seconds (what ``solve`` reports first). "stuck" = no rule of that kind finished.
 With ``--search``, the local search over the rules' parameters (``solver.rule_search``) then
 runs from the portfolio's three best rules without a time limit: its best, the rules it ran, and
@@ -11,6 +12,7 @@ its seconds.
     python benchmarks/bench_list_rules.py                       # 4x8 to 16x64, seconds
     python benchmarks/bench_list_rules.py --sizes 32x256        # about a minute per instance
     python benchmarks/bench_list_rules.py --search              # and the rule search
+    python benchmarks/bench_list_rules.py --chunks 1 --copies 0.5,1,2,4   # copy speeds
 """
 
 from __future__ import annotations
@@ -55,12 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4x8,8x32,16x64", help="comma-separated PxM")
     ap.add_argument("--chunks", default="1,2")
+    ap.add_argument("--copies", default="0.5,2", help="copy time / compute, comma-separated")
     ap.add_argument("--search", action="store_true", help="also run the rule search")
     args = ap.parse_args(argv)
     flag = " --search" if args.search else ""
-    print(f"Command: `python benchmarks/bench_list_rules.py --sizes {args.sizes}{flag}`\n")
-    head = "| instance | first rule | first (s) | fitted rules, best | other rules, best |"
-    line = "|---|---|---|---|---|"
+    print(
+        f"Command: `python benchmarks/bench_list_rules.py --sizes {args.sizes} "
+        f"--chunks {args.chunks} --copies {args.copies}{flag}`\n"
+    )
+    head = (
+        "| instance | first rule | first (s) | fitted rules, best | planned copies, best "
+        "| other rules, best |"
+    )
+    line = "|---|---|---|---|---|---|"
     if args.search:
         head += " search, best | runs | search (s) |"
         line += "---|---|---|"
@@ -70,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         p, m = (int(x) for x in size.split("x"))
         for v in (int(x) for x in args.chunks.split(",")):
             for mem in (0.25, 0.5):
-                for copy in (0.5, 2.0):
+                for copy in (float(x) for x in args.copies.split(",")):
                     pb = make_problem(p, m, v, mem, copy)
-                    best: dict[bool, tuple[float, str] | None] = {True: None, False: None}
+                    best: dict[str, tuple[float, str] | None] = dict.fromkeys(
+                        ("fit", "plan", "other")
+                    )
                     first = ""
                     starts: list[tuple[float, ListRule]] = []
                     for i, rule in enumerate(default_rules(pb)):
@@ -86,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                             first_s = dt
                         if ms is not None:
                             starts.append((ms, rule))
-                        cur = best[rule.fit]
+                        kind = "fit" if rule.fit else "plan" if rule.offload == "plan" else "other"
+                        cur = best[kind]
                         if ms is not None and (cur is None or ms < cur[0]):
-                            best[rule.fit] = (ms, rule.name)
-                    fitted = _fmt(best[True]) if v > 1 else "-"
+                            best[kind] = (ms, rule.name)
+                    fitted = _fmt(best["fit"]) if v > 1 else "-"
+                    planned = _fmt(best["plan"]) if v == 1 else "-"
                     row = (
                         f"| {p}x{m}x{v}, {mem:g}p, {copy:g}x | {first} | {first_s:.3f} | "
-                        f"{fitted} | {_fmt(best[False])} |"
+                        f"{fitted} | {planned} | {_fmt(best['other'])} |"
                     )
                     if args.search:
                         row += _search_cells(pb, starts)

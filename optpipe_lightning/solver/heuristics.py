@@ -18,6 +18,19 @@ next forward would not fit otherwise). A reload starts when the B of the same mi
 ``reload_lead`` virtual stages downstream starts (1 = the upstream B that feeds it), on the
 stage's copy channel with reloads ahead of offloads, as soon as memory allows.
 
+``"plan"`` (one chunk per stage) plans each copy on the channel's timeline instead, for copies
+about as slow as the compute or slower, where offloading every activation saturates the channel
+(each offloaded activation keeps it busy for an offload and a reload). A forward's activation is
+offloaded only if the channel is free when the forward ends and the copy crosses no planned
+copy, and if the reload fits: triggered by the start of a deeper group's B of the same
+microbatch (the nearest whose backward chain hides the reload plus ``margin`` offload times, or
+a nearer one whose B then waits a little), it must cross no planned copy and fit beside what
+the stage will hold (reservations of the planned reloads, and the activations it holds freed at
+the earliest their B and W can end). Forwards, offloaded or not, are admitted only if those
+reservations still fit. ``eager`` offloads whenever a copy can be planned; otherwise only when
+the forward would not fit as resident. Measured (``bench_list_rules.py``): 32x256x1 at a
+quarter of the memory, copies 2x, 2131 -> 1923; at half, copies 1x, 1099 -> 1033.
+
 Memory-fitted rules (``fit``, several chunks per stage): each group's in-flight cap is 1F1B's
 depth ``G - g`` scaled down, per stage, until the stage's groups' in-flight activations at those
 caps fit its limit. With ``reserve`` a forward also leaves room for one activation of each deeper
@@ -45,7 +58,7 @@ _EPS = 1e-12
 @dataclass(frozen=True)
 class ListRule:
     name: str
-    offload: str = "all"  # "none" | "all" | "lazy"
+    offload: str = "all"  # "none" | "all" | "lazy" | "plan"
     inflight: float | None = 1.0  # factor on the 1F1B depth (G - group); None = unlimited
     deep_first: bool = True  # among ready F's, the deeper virtual stage first
     reload_lead: int = 1
@@ -53,6 +66,8 @@ class ListRule:
     headroom: int = 1  # "lazy": offload when fewer than this many more forwards would fit
     fit: bool = False  # scale each stage's depths so that its in-flight activations fit its limit
     reserve: bool = False  # an F leaves room for one activation of each deeper group of its stage
+    margin: float = 1.0  # "plan": a reload starts this many offload times early, besides its own
+    eager: bool = False  # "plan": offload whenever the channel plan allows, not only when needed
 
 
 def default_rules(problem: Problem) -> list[ListRule]:
@@ -81,6 +96,14 @@ def default_rules(problem: Problem) -> list[ListRule]:
             ListRule("offload-lazy-wait-wide-lead3", "lazy", 2.0, reload_lead=3, wait=True),
             ListRule("offload-lazy-wait-room2", "lazy", 1.0, reload_lead=2, wait=True, headroom=2),
         ]
+        if problem.num_chunks == 1:
+            # copies planned on the channel's timeline: the rules that pay where copies are
+            # about as slow as the compute or slower (the others saturate the channel there)
+            plan = [
+                ListRule("offload-plan", "plan", None, margin=0.5, eager=True),
+                ListRule("offload-plan-tight", "plan", None, margin=0.25, eager=True),
+            ]
+            offload = plan + offload if slow_copies(problem) else offload + plan
     plain = [
         ListRule("greedy", "none", None),
         ListRule("greedy-1f1b", "none", 1.0),
@@ -191,6 +214,45 @@ class _Memory:
                 return t0 if self.fits(t0, d) else None
         return None
 
+    def level_at(self, t: float) -> float:
+        """The level just after the events at ``t``."""
+        level = self.base
+        for te, d in self.events:
+            if te > t + _EPS:
+                break
+            level += d
+        return level
+
+    def remove(self, t: float, d: float) -> None:
+        """Take back an event added earlier (from the settled level if it is already there)."""
+        try:
+            self.events.remove((t, d))
+        except ValueError:
+            self.base -= d
+
+    def fits_many(
+        self,
+        changes: list[tuple[float, float]],
+        extra: list[tuple[float, float]] = (),  # type: ignore[assignment]
+    ) -> bool:
+        """Whether adding every (time, delta) of ``changes`` keeps each later level within the
+        limit (each instant's events net out before the check)."""
+        if self.limit is None:
+            return True
+        lim = self.limit * (1 + 1e-9) + 1e-6
+        t_min = min(t for t, _ in changes)
+        merged = sorted(self.events + changes + list(extra))
+        level = self.base
+        i, n = 0, len(merged)
+        while i < n:
+            t0 = merged[i][0]
+            while i < n and merged[i][0] <= t0 + _EPS:
+                level += merged[i][1]
+                i += 1
+            if t0 >= t_min - _EPS and level > lim:
+                return False
+        return True
+
     def fits(self, t: float, d: float) -> bool:
         """Whether adding ``d`` at time ``t`` keeps every later level within the limit."""
         if self.limit is None:
@@ -279,6 +341,86 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             ns, nc = table[g + 1]
             lag_back[g] = float(comm[ns][nc]) if ns != s else 0.0
 
+    # "plan" (see ``plan_offload``): per group the B whose start triggers its reloads at the
+    # earliest (-1: never offloaded), and the least times along the chains that place them
+    plan_on = off_on and rule.offload == "plan"
+    trig_group = [-1] * G
+    f_top = b_from_top = b_end_after = [0.0] * G
+    if plan_on:
+        f_top, b_from_top, b_end_after = _chains(pb, lag_in, lag_back)
+        trig_group = _plan_triggers(pb, rule, f_top, b_from_top, t_off, t_rel)
+    stage_off_ends: list[list[float]] = [[] for _ in range(p)]  # each stage's offload ends
+    trig_wait: dict[tuple[int, int], list[int]] = {}  # (trigger group, mb) -> groups to reload
+    reservation = [[-1.0] * m for _ in range(G)]  # from when a planned reload's memory counts
+    reserved: list[list[tuple[float, float]]] = [[] for _ in range(p)]  # ... per stage
+    # planned copies not yet issued, per channel: ("O" | "R", group, mb) -> (start, end)
+    chan_plan: dict[int, dict[tuple[str, int, int], tuple[float, float]]] = {
+        ch: {} for ch in members
+    }
+
+    def forecast(s: int, now: float) -> list[tuple[float, float]]:
+        """The frees of the activations stage s holds or will reload, at the earliest their
+        B and W can end from ``now`` (B's in microbatch order, a B after its reload)."""
+        out: list[tuple[float, float]] = []
+        for g in groups_of[s]:
+            c = table[g][1]
+            tb, tw = float(t_b[s][c]), float(t_w[s][c])
+            mb_, mw_ = float(m_b[s][c]), float(m_w[s][c])
+            for j in range(nw[g], nb[g]):  # B done, W to come
+                out.append((max(b_end[g][j], now) + tw, mw_))
+            prev = now
+            for j in range(nb[g], nf[g]):
+                e = max(f_end[g][j] + b_end_after[g], prev + tb, now + tb)
+                if offloaded[g][j]:
+                    r = rel_end[g][j]
+                    e = max(e, (r if r >= 0 else now + t_rel[s][c]) + tb)
+                out.append((e, mb_))
+                out.append((e + tw, mw_))
+                prev = e
+        return out
+
+    def plan_offload(
+        s: int, g: int, fe: float, need: float, now: float
+    ) -> tuple[float, float, int] | None:
+        """(offload end, reload start, trigger group) if the activation of the F of group g
+        that ends at ``fe`` can be offloaded: the channel is free then and the copy crosses no
+        planned copy; the memory holds ``need`` until the copy ends; and a reload, triggered by
+        the start of a deeper group's B of the same microbatch, crosses no planned copy and fits
+        beside what the stage holds then (reservations of planned reloads, and the activations
+        it holds freed at the earliest their B and W can end). The nearest trigger whose chain
+        still hides the reload (``rule.margin``) is tried first, then shallower ones (the B
+        then waits for the reload)."""
+        c = table[g][1]
+        ch = chan[s]
+        if chan_free[ch] > fe + _EPS or pending_reloads[s]:
+            return None
+        oe = fe + t_off[s][c]
+        plan = chan_plan[ch]
+        for key, (a, b) in list(plan.items()):
+            if b < fe - _EPS and key[0] == "O":
+                del plan[key]
+                continue
+            if a < oe - _EPS and fe < b - _EPS:
+                return None
+        bb = float(ob[s][c])
+        # now: the copy must free the memory before anything else needs it
+        if not mem[s].fits_many([(fe, need), (oe, -bb)], reserved[s]):
+            return None
+        # later: the reload must fit beside the activations the stage holds (freed at their
+        # earliest B and W ends); a later trigger (its B then waits for it) if the first does not
+        tg = trig_group[g]
+        while tg > g:
+            est = fe + f_top[g] + b_from_top[tg]
+            if est < oe - _EPS:
+                break
+            re_ = est + t_rel[s][c]
+            if not any(a < re_ - _EPS and est < b - _EPS for a, b in plan.values()):
+                ahead = forecast(s, now) + reserved[s]
+                if mem[s].fits_many([(fe, need), (oe, -bb), (est, bb)], ahead):
+                    return oe, est, tg
+            tg -= 1
+        return None
+
     heap: list[tuple[float, int, int]] = []
     seq = itertools.count()
 
@@ -313,6 +455,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         chan_free[ch] = st + dur
         if op == "OFFLOAD":
             mem[s].add(st + dur, -float(ob[s][c]))
+            stage_off_ends[s].append(st + dur)
             off_end[g][j] = st + dur
         else:
             mem[s].add(st, float(ob[s][c]))
@@ -330,7 +473,11 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         if off_on and lo is not None and lo[0] == "F" and abs(last_end[s] - now) <= _EPS:
             g, j = lo[1], lo[2]
             c = table[g][1]
-            if g < G - 1 and ob[s][c] > 0 and not offloaded[g][j] and b_start[g][j] < 0:
+            if plan_on:
+                if offloaded[g][j] and off_end[g][j] < 0:
+                    chan_plan[chan[s]].pop(("O", g, j), None)
+                    issue_transfer(s, "OFFLOAD", g, j, f_end[g][j], now)
+            elif g < G - 1 and ob[s][c] > 0 and not offloaded[g][j] and b_start[g][j] < 0:
                 do = rule.offload == "all"
                 if rule.offload == "lazy" and limits[s] is not None:
                     nxt = max(float(m_f[s][cc]) for cc in range(v))
@@ -344,8 +491,14 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             g, j = pend[0]
             if off_end[g][j] < 0:
                 break
+            rt = reservation[g][j]
             if issue_transfer(s, "RELOAD", g, j, off_end[g][j], now) is None:
                 break
+            if rt >= 0:
+                # the reload's own memory event replaces the reservation
+                reserved[s].remove((rt, float(ob[s][table[g][1]])))
+                reservation[g][j] = -1.0
+                chan_plan[chan[s]].pop(("R", g, j), None)
             pend.pop(0)
         # 3. compute
         if dev_free[s] > now + _EPS:
@@ -381,6 +534,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         if bg >= 0:
             best = (0, -bg, bg, nb[bg])
         waiting: tuple[float, int, int] | None = None  # (start, group, mb) of a waiting F
+        planned: dict[int, tuple[float, float, int]] = {}  # group -> (offload end, reload trigger)
+        wait_plan: tuple[float, float, int] | None = None
         if best is None:
             for g in groups_of[s]:
                 r = f_ready(g)
@@ -395,8 +550,37 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                     for g2 in groups_of[s]:
                         if g2 > g and nf[g2] < nf[g]:
                             need += float(m_f[s][table[g2][1]])
-                if not mem[s].fits(now + d, need):
-                    if rule.wait and fresh:
+                fits = mem[s].fits(now + d, need)
+                if fits and plan_on and reserved[s]:
+                    fits = mem[s].fits_many([(now + d, need)], forecast(s, now) + reserved[s])
+                if plan_on and trig_group[g] >= 0 and (rule.eager or not fits):
+                    pl = plan_offload(s, g, now + d, need, now)
+                    if pl is not None:
+                        planned[g] = pl
+                        fits = True
+                if not fits:
+                    lim_s = (limits[s] or 0.0) * (1 + 1e-9) + 1e-6
+                    if plan_on and fresh:
+                        # the simulator's memory wait: the F ends when the first of the stage's
+                        # offloads after which it fits ends (as resident, or offloaded in turn)
+                        for fe in stage_off_ends[s]:
+                            if fe <= now + d + _EPS:
+                                continue
+                            if mem[s].level_at(fe) + need > lim_s:
+                                continue  # the simulator's F would wait for a later one
+                            pl = None
+                            ok = mem[s].fits(fe, need) and mem[s].fits_many(
+                                [(fe, need)], forecast(s, now) + reserved[s]
+                            )
+                            if not ok and trig_group[g] >= 0:
+                                pl = plan_offload(s, g, fe, need, now)
+                                ok = pl is not None
+                            if ok:
+                                if waiting is None or fe - d < waiting[0]:
+                                    waiting = (fe - d, g, nf[g])
+                                    wait_plan = pl
+                                break
+                    elif rule.wait and fresh:
                         tw = mem[s].wait_until(now + d, float(m_f[s][c]))
                         if tw is not None and (waiting is None or tw - d < waiting[0]):
                             waiting = (tw - d, g, nf[g])
@@ -421,6 +605,9 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             # nothing else to run: the forward waits for the copy that frees its memory
             now, g, j = waiting
             best = (1, 0, g, j)
+            planned.clear()
+            if wait_plan is not None:
+                planned[g] = wait_plan
         if best is None:
             return
         kind, _k, g, j = best
@@ -435,7 +622,11 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             if g > 0:
                 wake(now + d + lag_back[g - 1], table[g - 1][0])
             # trigger the reload of the group reload_lead upstream (or all below the top)
-            for tg in _reload_targets(g, rule.reload_lead, G):
+            if plan_on:
+                targets = trig_wait.pop((g, j), [])
+            else:
+                targets = _reload_targets(g, rule.reload_lead, G)
+            for tg in targets:
                 if offloaded[tg][j] and rel_end[tg][j] < 0:
                     ts = table[tg][0]
                     if (tg, j) not in pending_reloads[ts]:
@@ -448,6 +639,17 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             f_end[g][j] = now + d
             nf[g] += 1
             mem[s].add(now + d, float(m_f[s][c]))
+            pl = planned.get(g)
+            if pl is not None:
+                oe, est, tg = pl
+                trig_wait.setdefault((tg, j), []).append(g)
+                bb = float(ob[s][c])
+                offloaded[g][j] = True
+                reservation[g][j] = est
+                reserved[s].append((est, bb))
+                plan = chan_plan[chan[s]]
+                plan[("O", g, j)] = (now + d, oe)
+                plan[("R", g, j)] = (est, est + t_rel[s][c])
             if g < G - 1:
                 wake(now + d + lag_in[g + 1], table[g + 1][0])
             op = "F"
@@ -470,6 +672,51 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
     if any(nw[g] < m for g in range(G)):
         return None
     return rows
+
+
+def _plan_triggers(
+    pb: Problem,
+    rule: ListRule,
+    f_top: list[float],
+    b_from_top: list[float],
+    t_off: list[list[float]],
+    t_rel: list[list[float]],
+) -> list[int]:
+    """For the "plan" rule, per group, the nearest deeper group from whose B start the backward
+    chain to the group's own B lasts at least its reload plus ``margin`` offload times, and
+    that starts no earlier than an offload after the group's F could end; -1 where there is
+    none (the group's activations are never offloaded)."""
+    G = pb.num_stages * pb.num_chunks
+    out = [-1] * G
+    for g in range(G - 1):
+        s, c = pb.group_table[g]
+        need = t_rel[s][c] + rule.margin * t_off[s][c]
+        for tg in range(g + 1, G):
+            if b_from_top[g] - b_from_top[tg] >= need - _EPS:
+                if f_top[g] + b_from_top[tg] >= t_off[s][c] - _EPS:
+                    out[g] = tg
+                break
+    return out
+
+
+def _chains(
+    pb: Problem, lag_in: list[float], lag_back: list[float]
+) -> tuple[list[float], list[float], list[float]]:
+    """Per group, the least time from its F's end to the top group's F end; from the top
+    group's B start to its own B start; and from its F's end to its B's end."""
+    G = pb.num_stages * pb.num_chunks
+    table = pb.group_table
+    t_f, t_b = pb.cost("t_f").tolist(), pb.cost("t_b").tolist()
+    f_top = [0.0] * G
+    b_from_top = [0.0] * G
+    for g in range(G - 2, -1, -1):
+        s, c = table[g + 1]
+        f_top[g] = f_top[g + 1] + lag_in[g + 1] + float(t_f[s][c])
+        b_from_top[g] = b_from_top[g + 1] + float(t_b[s][c]) + lag_back[g]
+    b_end_after = [
+        f_top[g] + b_from_top[g] + float(t_b[table[g][0]][table[g][1]]) for g in range(G)
+    ]
+    return f_top, b_from_top, b_end_after
 
 
 def _fitted_depths(

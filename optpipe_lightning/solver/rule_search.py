@@ -27,7 +27,11 @@ def rule_label(rule: ListRule) -> str:
     """A name that says every parameter of a rule found by the search."""
     depth = "inf" if rule.inflight is None else f"{rule.inflight:g}"
     parts = [rule.offload, f"x{depth}"]
-    if rule.offload != "none":
+    if rule.offload == "plan":
+        parts.append(f"margin{rule.margin:g}")
+        if not rule.eager:
+            parts.append("lazy")
+    elif rule.offload != "none":
         parts.append(f"lead{rule.reload_lead}")
     if rule.wait:
         parts.append("wait")
@@ -53,7 +57,12 @@ def neighbours(rule: ListRule, problem: Problem) -> list[ListRule]:
         out.append(replace(rule, reserve=not rule.reserve))
         if rule.inflight is not None:
             out.append(replace(rule, fit=not rule.fit))
-    if rule.offload != "none":
+    if rule.offload == "plan":
+        out += [
+            replace(rule, margin=rule.margin + d) for d in (-0.25, 0.25) if rule.margin + d >= 0
+        ]
+        out.append(replace(rule, eager=not rule.eager))
+    elif rule.offload != "none":
         out += [
             replace(rule, reload_lead=rule.reload_lead + d)
             for d in (-1, 1)
@@ -70,7 +79,18 @@ def neighbours(rule: ListRule, problem: Problem) -> list[ListRule]:
 def _key(rule: ListRule) -> tuple[object, ...]:
     r = rule
     depth = None if r.inflight is None else round(r.inflight, 6)
-    return (r.offload, depth, r.deep_first, r.reload_lead, r.wait, r.headroom, r.fit, r.reserve)
+    return (
+        r.offload,
+        depth,
+        r.deep_first,
+        r.reload_lead,
+        r.wait,
+        r.headroom,
+        r.fit,
+        r.reserve,
+        round(r.margin, 6),
+        r.eager,
+    )
 
 
 def search_rules(
