@@ -45,7 +45,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
-from bisect import insort
+from bisect import bisect_right, insort
 from dataclasses import dataclass
 
 from ..schedule.problem import Problem
@@ -563,9 +563,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                     if plan_on and fresh:
                         # the simulator's memory wait: the F ends when the first of the stage's
                         # offloads after which it fits ends (as resident, or offloaded in turn)
-                        for fe in stage_off_ends[s]:
-                            if fe <= now + d + _EPS:
-                                continue
+                        ends = stage_off_ends[s]  # increasing: a channel copies one at a time
+                        for fe in ends[bisect_right(ends, now + d + _EPS) :]:
                             if mem[s].level_at(fe) + need > lim_s:
                                 continue  # the simulator's F would wait for a later one
                             pl = None
