@@ -559,8 +559,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                         planned[g] = pl
                         fits = True
                 if not fits:
-                    lim_s = (limits[s] or 0.0) * (1 + 1e-9) + 1e-6
                     if plan_on and fresh:
+                        lim_s = (limits[s] or 0.0) * (1 + 1e-9) + 1e-6
                         # the simulator's memory wait: the F ends when the first of the stage's
                         # offloads after which it fits ends (as resident, or offloaded in turn)
                         ends = stage_off_ends[s]  # increasing: a channel copies one at a time
