@@ -27,17 +27,10 @@ def _pb(
     offload: bool = True,
     placement: str = "vshape",
 ) -> Problem:
-    return Problem(
-        num_stages=p,
-        num_microbatches=m,
-        num_chunks=v,
-        placement=placement,  # type: ignore[arg-type]
-        t_f=1.0 / v,
-        t_b=1.0 / v,
-        t_w=1.0 / v,
-        m_f=1.0 / v,
-        m_b=-0.5 / v,
-        m_w=-0.5 / v,
+    """The benchmark's instance (F = B = W = 1 per stage) with an absolute limit and copy
+    bandwidth, as in the solver note's prototype."""
+    return bench_problem(p, m, v, mem=None).with_changes(
+        placement=placement,
         memory_limit=limit,
         offload={"bytes": 1.0 / v, "d2h_bandwidth": bw, "h2d_bandwidth": bw} if offload else None,
     )
