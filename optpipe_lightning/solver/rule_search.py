@@ -4,7 +4,8 @@ The fixed portfolio (``heuristics.default_rules``) tries each rule at one settin
 setting differs by problem (8x32x2 at a quarter of the memory, copies 0.5x: the portfolio's best
 is 114.5, the same rule family with 0.75 of 1F1B's depth and reloads two stages ahead gives 111).
 So, from the best rules found, hill-climb: try each neighbour (in-flight depth a step up or down,
-reload lead one more or less, waiting, reserve, order and offload policy switched), move to the
+reload lead one more or less, the round trip that offloaded copies must fit in half a trip more
+or less, waiting, reserve, order and offload policy switched), move to the
 first that is faster, and stop at a setting none of whose neighbours is, or when time is up.
 Every schedule is the simulator's: a neighbour whose schedule does not fit counts as no better.
 """
@@ -21,6 +22,9 @@ from .heuristics import ListRule, run_rule
 # neighbours' steps: the in-flight factor of the fitted rules and of the others
 FIT_STEPS = (-0.1, -0.05, 0.05, 0.1)
 DEPTH_STEPS = (-0.25, 0.25, 0.5)
+# ... and of the round trip an offloaded group's copies must fit in (``ListRule.trip_room``)
+TRIP_STEPS = (-0.5, 0.5)
+TRIP_MAX = 3.0
 
 
 def rule_label(rule: ListRule) -> str:
@@ -33,6 +37,8 @@ def rule_label(rule: ListRule) -> str:
             parts.append("lazy")
     elif rule.offload != "none":
         parts.append(f"lead{rule.reload_lead}")
+        if rule.trip_room > 0:
+            parts.append(f"trip{rule.trip_room:g}")
     if rule.wait:
         parts.append("wait")
     if rule.fit:
@@ -69,6 +75,11 @@ def neighbours(rule: ListRule, problem: Problem) -> list[ListRule]:
             if 1 <= rule.reload_lead + d <= 4
         ]
         out.append(replace(rule, wait=not rule.wait))
+        out += [
+            replace(rule, trip_room=rule.trip_room + d)
+            for d in TRIP_STEPS
+            if 0 <= rule.trip_room + d <= TRIP_MAX
+        ]
         out.append(replace(rule, offload="lazy" if rule.offload == "all" else "all"))
         if rule.offload == "lazy":
             out.append(replace(rule, headroom=3 - rule.headroom if rule.headroom <= 2 else 1))
@@ -90,6 +101,7 @@ def _key(rule: ListRule) -> tuple[object, ...]:
         r.reserve,
         round(r.margin, 6),
         r.eager,
+        round(r.trip_room, 6),
     )
 
 
