@@ -100,7 +100,7 @@ def default_rules(problem: Problem) -> list[ListRule]:
             ListRule("offload-lazy-wait-room2", "lazy", 1.0, reload_lead=2, wait=True, headroom=2),
             # offload only where the copies fit in the round trip up the pipeline and back: the
             # last stages then run one microbatch at a time instead of waiting on their reloads
-            # (4x8x1 at half the memory, copies 0.5x: 32 -> 29.5, against an optimum of 29)
+            # (4x8x1 at half the memory, copies 0.5x: 34.5 -> 29.5, against an optimum of 29)
             ListRule("offload-all-wait-trip1", "all", 1.0, wait=True, trip_room=1.0),
             ListRule(
                 "offload-lazy-wait-lead2-trip1",
@@ -367,10 +367,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         trig_group = _plan_triggers(pb, rule, f_top, b_from_top, t_off, t_rel)
     # groups whose activations the "all" / "lazy" rules may offload
     roomy = [
-        f_top[g] + b_from_top[g]
-        >= rule.trip_room * (t_off[table[g][0]][table[g][1]] + t_rel[table[g][0]][table[g][1]])
-        - _EPS
-        for g in range(G)
+        f_top[g] + b_from_top[g] >= rule.trip_room * (t_off[s][c] + t_rel[s][c]) - _EPS
+        for g, (s, c) in enumerate(table)
     ]
     stage_off_ends: list[list[float]] = [[] for _ in range(p)]  # each stage's offload ends
     trig_wait: dict[tuple[int, int], list[int]] = {}  # (trigger group, mb) -> groups to reload

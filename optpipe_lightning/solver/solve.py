@@ -168,6 +168,11 @@ class _Best:
         with self.lock:
             self.bound = max(self.bound, b)
 
+    def meets(self, gap_target: float) -> bool:
+        """Whether the best schedule is within the gap target of the bound (or meets it)."""
+        slack = max(gap_target * self.makespan, self.bound * 1e-9)
+        return self.schedule is not None and self.makespan - self.bound <= slack
+
 
 def schedule_from_ticks(
     problem: Problem,
@@ -353,9 +358,7 @@ def solve(
                 starts.append((ev.makespan, rules[source]))
 
     def gap_open() -> bool:
-        """Whether the best schedule is still farther from the bound than the gap target."""
-        slack = max(gap_target * best.makespan, best.bound * 1e-9)
-        return best.schedule is None or best.makespan - best.bound > slack
+        return not best.meets(gap_target)
 
     if starts and not stopped() and time.perf_counter() < heur_until and gap_open():
         # the rules' parameters tuned to this problem, before the offload repair (which can
@@ -663,7 +666,7 @@ def _run_backend(
             pending.append((obj, starts, ends))  # the search is being stopped
             return
         extract(starts, ends)
-        if best.makespan - best.bound <= max(gap_target * best.makespan, best.bound * 1e-9):
+        if best.meets(gap_target):
             fire.set()  # the incumbent meets the bound (or the gap target): nothing left to find
 
     fire, done = _stop_at(t_stop, stop)
