@@ -341,25 +341,7 @@ def solve_cpsat(
             0.01, min(prm.max_time_in_seconds, deadline - time.perf_counter())
         )
     cb = _Callback(model, on_solution)
-    done = threading.Event()
-    watcher = None
-    if stop is not None:
-
-        def watch() -> None:
-            # OR-Tools drops a stop that arrives before the search has started: repeat it
-            while not done.is_set():
-                if stop.wait(0.05):
-                    solver.stop_search()
-                    done.wait(0.05)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-    try:
-        code = solver.solve(model.model, cb)
-    finally:
-        done.set()
-        if watcher is not None:
-            watcher.join()
+    code = solve_stoppable(solver, model.model, cb, stop)
     status = {
         cp_model.OPTIMAL: "optimal",
         cp_model.FEASIBLE: "feasible",
@@ -374,6 +356,34 @@ def solve_cpsat(
         bnd = solver.best_objective_bound
         out.bound = math.ceil(bnd - 1e-9) if math.isfinite(bnd) else None
     return out
+
+
+def solve_stoppable(
+    solver: cp_model.CpSolver,
+    model: cp_model.CpModel,
+    callback: cp_model.CpSolverSolutionCallback | None,
+    stop: threading.Event | None,
+) -> cp_model.CpSolverStatus:
+    """``solver.solve``, stopped when ``stop`` is set (also before the search has started)."""
+    done = threading.Event()
+    watcher = None
+    if stop is not None:
+
+        def watch() -> None:
+            # OR-Tools drops a stop that arrives before the search has started: repeat it
+            while not done.is_set():
+                if stop.wait(0.05):
+                    solver.stop_search()
+                    done.wait(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+    try:
+        return solver.solve(model, callback)
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
 
 
 def tight_model_size(problem: Problem) -> int:

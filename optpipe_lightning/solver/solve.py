@@ -39,6 +39,7 @@ from ..schedule.bounds import lower_bound
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import evaluate
+from . import periodic
 from .extract import actions_from_times, repair
 from .feasibility import (
     check_memory_limit,
@@ -69,6 +70,9 @@ HEURISTIC_SHARE = 0.25
 BASELINE_SHARE = 0.5
 # a baseline stopped while running may run once more, from the start, until this share
 SECOND_CHANCE_SHARE = 0.75
+# periodic patterns (where copies are as slow as compute or slower) run until this share; the
+# backend, hinted with the best, gets the rest
+PERIODIC_SHARE = 0.75
 # CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
 # ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
 # with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
@@ -412,6 +416,17 @@ def solve(
                 ):
                     best.offer(sched, f"baseline:{name}")
 
+    if (
+        backend != "heuristic"
+        and best.schedule is not None
+        and not stopped()
+        and gap_open()
+        and periodic.applies(problem)
+        and time.perf_counter() < budget.at(PERIODIC_SHARE)
+    ):
+        with budget.phase("periodic"):
+            _run_periodic(problem, best, budget, seed, workers, stop)
+
     used, message = _choose_backend(problem, backend, best, message)
 
     proven_optimal = False
@@ -488,6 +503,40 @@ def solve(
         incumbents=list(best.incumbents),
         message=message,
     )
+
+
+def _run_periodic(
+    problem: Problem,
+    best: _Best,
+    budget: Budget,
+    seed: int,
+    workers: int | None,
+    stop: threading.Event | None,
+) -> None:
+    """Periodic patterns (``periodic``) until ``PERIODIC_SHARE`` of the limit; each one that
+    beats the incumbent in the simulator is offered (and so hints the backend)."""
+    tm = tick_model(problem, best.makespan)
+    deadline = budget.at(PERIODIC_SHARE)
+    for pat in periodic.search(
+        problem,
+        tm,
+        incumbent=best.makespan,
+        lower_bound=best.bound,
+        deadline=deadline,
+        workers=_workers(workers),
+        seed=seed,
+        stop=stop,
+    ):
+        starts, ends = periodic.unrolled(problem, tm, pat)
+        source = f"periodic:K={pat.size},T={pat.period * tm.tick:g}"
+        with budget.phase("extraction"):
+            best.offer(schedule_from_ticks(problem, tm, starts, ends, source), source)
+        if best.meets(0.0):
+            return
+
+
+def _workers(workers: int | None) -> int:
+    return workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
 
 
 def _milp_size(problem: Problem, best: _Best) -> tuple[int, int, bool]:
@@ -626,7 +675,7 @@ def _run_backend(
     else:
         lb_ticks = int(best.bound / tm.tick * (1 - 1e-9))
     lb_ticks = min(lb_ticks, horizon)
-    nworkers = workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
+    nworkers = _workers(workers)
 
     sim = budget.sim_seconds
     wind_down = min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)

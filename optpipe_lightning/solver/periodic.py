@@ -1,0 +1,422 @@
+"""Periodic schedules: one pattern of K microbatches, repeated every T ticks, solved by CP-SAT.
+
+Where copies are about as slow as the compute they hide behind or slower, the list rules move the
+pipeline in waves and the full CP-SAT model does not improve on them in a minute (16x64x1 at a
+quarter of 1F1B's memory, copies 2x: 521 from the planned-copies rule, nothing better after). Most
+of such a schedule is its steady state, so the search here is over the steady state itself: the
+start of every op of K consecutive microbatches (``k = 0..K-1``), the offload decision of each of
+their activations, and a period T; microbatch ``j = q K + k`` runs pattern ``k`` shifted by ``q T``.
+
+Model (integer ticks, the semantics of ``cpsat``): the pattern's precedences, durations, copies
+and FIFO order per op kind and group (including from ``K - 1`` to the next period's ``0``). Every
+op of one pattern instance runs within ``[0, Q T]``, so instances more than ``Q`` periods apart
+never meet; the model therefore lays out ``Q`` consecutive instances (``Q K`` microbatches, their
+times tied to the pattern's by ``+ q T``) and puts all of them in the device no-overlaps, the
+copy-channel no-overlaps and the memory reservoirs. Any two instances that can meet are then
+checked (by periodicity, every pair at distance below ``Q`` is some pair of the window), and in
+the window's last period every instance that can hold memory is present, so the memory of the
+infinite repetition, and of its first ``m`` microbatches, stays within the limit. The objective is
+the unrolled makespan ``max_k (q_k T + end_k)``, below the incumbent's.
+
+``Q`` follows from an estimate of one microbatch's latency and of the period; a pattern whose
+latency crowds ``Q T`` is tried again with a larger ``Q`` when time allows. Patterns are tried for
+K = 1, 2, 3, ... with the time the caller gives; a pattern for K is hinted with the best one whose
+K divides it. The unrolled times are turned into action lists and timed by the simulator as every
+backend's are (``solve.schedule_from_ticks``): only the simulator's makespan counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from ..schedule.problem import Problem
+from .cpsat import memory_scale, solve_stoppable
+from .ticks import OpKey, TickModel
+
+# pattern sizes tried, in order (K microbatches per period): each after a divisor that can hint it
+PATTERN_SIZES = (1, 2, 4, 3, 8, 6, 5)
+# one microbatch's latency is estimated at this multiple of its forward-and-backward chain
+LATENCY_FACTOR = 1.5
+# the window (Q K microbatches) must leave at least this many periods of the problem unrolled
+MIN_REPEATS = 2
+# copies at least this slow (offload time over the microbatch's F + B + W on the chunk) for
+# the periodic search to run: faster copies are the list rules' and the full model's ground
+MIN_COPY_RATIO = 1.0
+
+PatternKey = tuple[str, int, int]  # (op, group, k)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pattern:
+    """A solved periodic pattern: start tick of every op of microbatches 0..K-1."""
+
+    size: int  # K
+    window: int  # Q
+    period: int  # T, ticks
+    makespan: int  # unrolled makespan the model planned, ticks
+    latency: int  # the latest end of an op of the pattern, ticks
+    starts: dict[PatternKey, int] = field(default_factory=dict)
+    offloaded: set[tuple[int, int]] = field(default_factory=set)  # (group, k)
+
+
+def applies(problem: Problem) -> bool:
+    """Memory limited, offload allowed, and copies at least as slow as compute (on most of the
+    activations that can move)."""
+    pb = problem
+    if pb.offload is None or all(x is None for x in pb.memory_limits()):
+        return False
+    t = pb.cost("t_f") + pb.cost("t_b") + pb.cost("t_w")
+    ob = pb.cost("offload_bytes")
+    slow = total = 0
+    for s in range(pb.num_stages):
+        for c in range(pb.num_chunks):
+            if ob[s, c] > 0 and pb.memory_limits()[s] is not None:
+                total += 1
+                slow += pb.offload_time(s, c) >= MIN_COPY_RATIO * float(t[s, c]) * (1 - 1e-9)
+    return total > 0 and 2 * slow > total
+
+
+def chain_ticks(problem: Problem, tm: TickModel) -> int:
+    """Ticks of one microbatch alone: every F up the pipeline, every B down, then W of group 0."""
+    table = problem.group_table
+    G = len(table)
+    total = 0
+    for g, (s, c) in enumerate(table):
+        total += tm.t_f[s][c] + tm.t_b[s][c]
+        if g + 1 < G and table[g + 1][0] != s:
+            ns, nc = table[g + 1]
+            total += tm.comm[s][c] + tm.comm[ns][nc]
+    s0, c0 = table[0]
+    return total + tm.t_w[s0][c0]
+
+
+def work_ticks(problem: Problem, tm: TickModel) -> int:
+    """The busiest device's compute ticks per microbatch."""
+    return max(
+        sum(tm.t_f[s][c] + tm.t_b[s][c] + tm.t_w[s][c] for c in range(problem.num_chunks))
+        for s in range(problem.num_stages)
+    )
+
+
+def window_for(
+    problem: Problem, tm: TickModel, size: int, rate_lo: float, rate_hi: float
+) -> int | None:
+    """Q for pattern size K: the estimated latency over the estimated period (ticks per
+    microbatch between ``rate_lo``, what the bound allows, and ``rate_hi``, the incumbent's);
+    None when the window would not leave ``MIN_REPEATS`` periods of the problem."""
+    lat = LATENCY_FACTOR * chain_ticks(problem, tm)
+    period = max(1.0, size * (rate_lo + rate_hi) / 2)
+    q = max(2, math.ceil(lat / period))
+    if q * size * MIN_REPEATS > problem.num_microbatches:
+        return None
+    return q
+
+
+class _PatternModel:
+    def __init__(self, problem: Problem, tm: TickModel, size: int, window: int, cutoff: int):
+        pb = problem
+        K, Q, m = size, window, pb.num_microbatches
+        p = pb.num_stages
+        table = pb.group_table
+        G = len(table)
+        limits = pb.memory_limits()
+        ob = pb.cost("offload_bytes")
+        sc = memory_scale(pb)
+        md = cp_model.CpModel()
+        self.model = md
+        self.size, self.window = K, Q
+        work = work_ticks(pb, tm)
+        t_max = max(K * work, cutoff // max(1, (m - 1) // K))
+        self.T = T = md.new_int_var(K * work, t_max, "T")
+        span = Q * t_max
+        self.base: dict[PatternKey, cp_model.IntVar] = {}
+        self.dur: dict[tuple[str, int], int] = {}
+        self.off: dict[tuple[int, int], cp_model.IntVar] = {}
+        inst: dict[tuple[str, int, int], cp_model.IntVar] = {}
+
+        def at(op: str, g: int, j: int) -> cp_model.IntVar:
+            """The start of op of group g for microbatch j of the window."""
+            k, q = j % K, j // K
+            if q == 0:
+                return self.base[(op, g, k)]
+            key = (op, g, j)
+            if key not in inst:
+                x = md.new_int_var(0, span + q * t_max, f"{op}{g}.{j}")
+                md.add(x == self.base[(op, g, k)] + q * T)
+                inst[key] = x
+            return inst[key]
+
+        for g, (s, c) in enumerate(table):
+            for op in ("F", "B", "W"):
+                d = tm.duration(op, s, c)
+                self.dur[(op, g)] = d
+                for k in range(K):
+                    x = md.new_int_var(0, span, f"{op}{g}.{k}")
+                    md.add(x + d <= Q * T)
+                    self.base[(op, g, k)] = x
+        self.ends = [md.new_int_var(0, span, f"end{k}") for k in range(K)]
+        use_off = pb.offload is not None
+        dev: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
+        chan = pb.channel_of()
+        chans: dict[int, list[cp_model.IntervalVar]] = {}
+        r_t: list[list[cp_model.LinearExprT]] = [[] for _ in range(p)]
+        r_d: list[list[int]] = [[] for _ in range(p)]
+        r_a: list[list[cp_model.LiteralT]] = [[] for _ in range(p)]
+        m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
+        for g, (s, c) in enumerate(table):
+            lag_in = tm.comm[table[g - 1][0]][table[g - 1][1]] if g and table[g - 1][0] != s else 0
+            lag_back = (
+                tm.comm[table[g + 1][0]][table[g + 1][1]]
+                if g + 1 < G and table[g + 1][0] != s
+                else 0
+            )
+            df, db, dw = self.dur[("F", g)], self.dur[("B", g)], self.dur[("W", g)]
+            movable = use_off and ob[s, c] > 0 and limits[s] is not None
+            if movable:
+                d_off, d_rel = tm.t_off[s][c], tm.t_rel[s][c]
+                self.dur[("OFFLOAD", g)], self.dur[("RELOAD", g)] = d_off, d_rel
+            for k in range(K):
+                F, B, W = (self.base[(op, g, k)] for op in ("F", "B", "W"))
+                if g:
+                    md.add(self.base[("F", g - 1, k)] + self.dur[("F", g - 1)] + lag_in <= F)
+                md.add(F + df <= B)
+                if g + 1 < G:
+                    md.add(self.base[("B", g + 1, k)] + self.dur[("B", g + 1)] + lag_back <= B)
+                md.add(B + db <= W)
+                md.add(self.ends[k] >= W + dw)
+                for op, d in (("F", df), ("B", db), ("W", dw)):
+                    later = self.base[(op, g, k + 1)] if k + 1 < K else self.base[(op, g, 0)] + T
+                    md.add(later >= self.base[(op, g, k)] + d)
+                if movable:
+                    o = md.new_bool_var(f"o{g}.{k}")
+                    self.off[(g, k)] = o
+                    so = md.new_int_var(0, span, f"off{g}.{k}")
+                    sr = md.new_int_var(0, span, f"rel{g}.{k}")
+                    self.base[("OFFLOAD", g, k)], self.base[("RELOAD", g, k)] = so, sr
+                    md.add(so >= F + df).only_enforce_if(o)
+                    md.add(sr >= so + d_off).only_enforce_if(o)
+                    md.add(sr + d_rel <= B).only_enforce_if(o)
+                    md.add(sr + d_rel <= Q * T).only_enforce_if(o)
+                    md.add(so == 0).only_enforce_if(~o)
+                    md.add(sr == 0).only_enforce_if(~o)
+            for j in range(Q * K):
+                for op in ("F", "B", "W"):
+                    x = at(op, g, j)
+                    d = self.dur[(op, g)]
+                    dev[s].append(md.new_fixed_size_interval_var(x, d, f"i{op}{g}.{j}"))
+                if limits[s] is not None:
+                    for op, d, delta in (("F", df, m_f), ("B", db, m_b), ("W", dw, m_w)):
+                        r_t[s].append(at(op, g, j) + d)
+                        r_d[s].append(round(float(delta[s, c]) * sc))
+                        r_a[s].append(True)
+                if movable:
+                    o = self.off[(g, j % K)]
+                    so, sr = at("OFFLOAD", g, j), at("RELOAD", g, j)
+                    ivs = chans.setdefault(chan[s], [])
+                    ivs.append(md.new_optional_fixed_size_interval_var(so, d_off, o, ""))
+                    ivs.append(md.new_optional_fixed_size_interval_var(sr, d_rel, o, ""))
+                    moved = round(float(ob[s, c]) * sc)
+                    r_t[s] += [so + d_off, sr]
+                    r_d[s] += [-moved, moved]
+                    r_a[s] += [o, o]
+        for s in range(p):
+            md.add_no_overlap(dev[s])
+        for ivs in chans.values():
+            md.add_no_overlap(ivs)
+        for s in range(p):
+            lim = limits[s]
+            if lim is None:
+                continue
+            cap = math.floor(lim * sc * (1 + 1e-12) + 1e-9)
+            low = -sum(abs(x) for x in r_d[s]) - 1
+            md.add_reservoir_constraint_with_active(r_t[s], r_d[s], r_a[s], min(low, 0), cap)
+        self.makespan = md.new_int_var(0, cutoff, "makespan")
+        for k in range(K):
+            md.add(self.makespan >= ((m - 1 - k) // K) * T + self.ends[k])
+        md.minimize(self.makespan)
+
+    def add_hint(self, hint: Pattern) -> None:
+        """Hint with a pattern of this size (a smaller one repeated: see ``repeated``)."""
+        md = self.model
+        md.add_hint(self.T, hint.period)
+        for key, var in self.base.items():
+            md.add_hint(var, hint.starts.get(key, 0))
+        for gk, o in self.off.items():
+            md.add_hint(o, gk in hint.offloaded)
+
+    def pattern(self, solver: cp_model.CpSolver) -> Pattern:
+        starts: dict[PatternKey, int] = {}
+        offloaded = {gk for gk, o in self.off.items() if solver.boolean_value(o)}
+        for (op, g, k), var in self.base.items():
+            if op in ("OFFLOAD", "RELOAD") and (g, k) not in offloaded:
+                continue
+            starts[(op, g, k)] = int(solver.value(var))
+        return Pattern(
+            size=self.size,
+            window=self.window,
+            period=int(solver.value(self.T)),
+            makespan=int(solver.value(self.makespan)),
+            latency=max(int(solver.value(e)) for e in self.ends),
+            starts=starts,
+            offloaded=offloaded,
+        )
+
+
+def repeated(pattern: Pattern, times: int) -> Pattern:
+    """The same schedule as a pattern of ``times`` x K microbatches every ``times`` x T."""
+    K, T = pattern.size, pattern.period
+    starts = {
+        (op, g, k + r * K): x + r * T
+        for (op, g, k), x in pattern.starts.items()
+        for r in range(times)
+    }
+    return Pattern(
+        size=K * times,
+        window=pattern.window,
+        period=T * times,
+        makespan=pattern.makespan,
+        latency=pattern.latency + (times - 1) * T,
+        starts=starts,
+        offloaded={(g, k + r * K) for g, k in pattern.offloaded for r in range(times)},
+    )
+
+
+def solve_pattern(
+    problem: Problem,
+    tm: TickModel,
+    size: int,
+    window: int,
+    *,
+    cutoff: int,
+    time_limit: float,
+    workers: int = 1,
+    seed: int = 0,
+    hint: Pattern | None = None,
+    stop: threading.Event | None = None,
+    deadline: float | None = None,
+) -> Pattern | None:
+    """The best pattern of ``size`` microbatches in ``time_limit`` whose unrolled makespan is at
+    most ``cutoff`` ticks; None if none was found. ``deadline`` (a ``time.perf_counter()`` value)
+    also caps the search once the model is built."""
+    model = _PatternModel(problem, tm, size, window, cutoff)
+    if hint is not None and size % hint.size == 0:
+        model.add_hint(repeated(hint, size // hint.size))
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    if deadline is not None:
+        time_limit = min(time_limit, deadline - time.perf_counter())
+    prm.max_time_in_seconds = max(0.01, time_limit)
+    prm.num_workers = max(1, workers)
+    prm.random_seed = seed
+    prm.expand_reservoir_constraints = False
+    t0 = time.perf_counter()
+    code = solve_stoppable(solver, model.model, None, stop)
+    log.debug(
+        "pattern K=%d Q=%d cutoff=%d: %s in %.2f s",
+        size,
+        window,
+        cutoff,
+        solver.status_name(code),
+        time.perf_counter() - t0,
+    )
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return model.pattern(solver)
+
+
+def unrolled(
+    problem: Problem, tm: TickModel, pattern: Pattern
+) -> tuple[dict[OpKey, int], dict[OpKey, int]]:
+    """Start and end ticks of every op of the problem's m microbatches under ``pattern``."""
+    table = problem.group_table
+    K, T = pattern.size, pattern.period
+    starts: dict[OpKey, int] = {}
+    ends: dict[OpKey, int] = {}
+    for (op, g, k), x in pattern.starts.items():
+        s, c = table[g]
+        d = tm.duration(op, s, c)
+        for j in range(k, problem.num_microbatches, K):
+            t = x + ((j - k) // K) * T
+            starts[(op, s, c, j)] = t
+            ends[(op, s, c, j)] = t + d
+    return starts, ends
+
+
+def search(
+    problem: Problem,
+    tm: TickModel,
+    *,
+    incumbent: float,
+    lower_bound: float,
+    deadline: float,
+    workers: int = 1,
+    seed: int = 0,
+    stop: threading.Event | None = None,
+) -> Iterator[Pattern]:
+    """Patterns of growing size, each better (planned) than the last and than ``incumbent``
+    (seconds), until ``deadline`` (a ``time.perf_counter()`` value) or ``stop``."""
+    m = problem.num_microbatches
+    chain = chain_ticks(problem, tm)
+    best_ticks = math.floor(incumbent / tm.tick + 1e-6)
+    rate_lo = max(float(work_ticks(problem, tm)), (lower_bound / tm.tick - chain) / max(1, m - 1))
+    sizes = [k for k in PATTERN_SIZES if 2 * k <= m]
+    found: dict[int, Pattern] = {}
+    for i, size in enumerate(sizes):
+        left = deadline - time.perf_counter()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return
+        rate_hi = max(rate_lo, (best_ticks - chain) / max(1, m - 1))
+        window = window_for(problem, tm, size, rate_lo, rate_hi)
+        if window is None:
+            continue
+        hints = [found[d] for d in found if size % d == 0]
+        hint = min(hints, key=lambda h: h.makespan) if hints else None
+        share = left / (len(sizes) - i)
+        pat = solve_pattern(
+            problem,
+            tm,
+            size,
+            window,
+            # a hint (a smaller pattern repeated) must stay feasible: its own makespan is the cutoff
+            cutoff=max(best_ticks, hint.makespan) if hint is not None else best_ticks - 1,
+            time_limit=min(left, 2 * share),
+            workers=workers,
+            seed=seed,
+            hint=hint,
+            stop=stop,
+            deadline=deadline,
+        )
+        if pat is None:
+            continue
+        found[size] = pat
+        if pat.makespan >= best_ticks:
+            continue  # no better than its hint
+        if pat.latency > (window - 1) * pat.period and time.perf_counter() < deadline:
+            # the window may have cut off a shorter period with a longer latency: one more try
+            wider = solve_pattern(
+                problem,
+                tm,
+                size,
+                window + 1,
+                cutoff=pat.makespan - 1,
+                time_limit=min(deadline - time.perf_counter(), share),
+                workers=workers,
+                seed=seed,
+                hint=pat,
+                stop=stop,
+                deadline=deadline,
+            )
+            if wider is not None:
+                pat = wider
+                found[size] = pat
+        best_ticks = min(best_ticks, pat.makespan)
+        yield pat

@@ -1,0 +1,202 @@
+"""Periodic patterns (``solver.periodic``): valid when unrolled, and better where copies are slow."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from bench_problems import bench_problem
+
+from optpipe_lightning.schedule import Problem
+from optpipe_lightning.solver import periodic, solve
+from optpipe_lightning.solver.heuristics import heuristic_schedules
+from optpipe_lightning.solver.solve import schedule_from_ticks
+from optpipe_lightning.solver.ticks import OpKey, TickModel, tick_model
+
+
+def _list_best(pb: Problem) -> float:
+    return min(
+        s.evaluation.makespan
+        for s in heuristic_schedules(pb)
+        if s.evaluation is not None and s.evaluation.feasible and s.evaluation.makespan is not None
+    )
+
+
+def _check_timed(pb: Problem, tm: TickModel, starts: dict[OpKey, int], ends: dict[OpKey, int]):
+    """Every rule of the problem, on the planned times themselves (not the simulator's re-timing):
+    chains and hops, one op at a time per device and per copy channel, memory within the limit."""
+    table = pb.group_table
+    G = len(table)
+    for j in range(pb.num_microbatches):
+        for g, (s, c) in enumerate(table):
+            f, b, w = (("F", s, c, j), ("B", s, c, j), ("W", s, c, j))
+            assert f in starts and b in starts and w in starts
+            if g:
+                ps, pc = table[g - 1]
+                lag = tm.comm[ps][pc] if ps != s else 0
+                assert starts[f] >= ends[("F", ps, pc, j)] + lag
+            if g + 1 < G:
+                ns, nc = table[g + 1]
+                lag = tm.comm[ns][nc] if ns != s else 0
+                assert starts[b] >= ends[("B", ns, nc, j)] + lag
+            assert starts[b] >= ends[f] and starts[w] >= ends[b]
+            o, r = ("OFFLOAD", s, c, j), ("RELOAD", s, c, j)
+            assert (o in starts) == (r in starts)
+            if o in starts:
+                assert starts[o] >= ends[f] and starts[r] >= ends[o] and starts[b] >= ends[r]
+    busy: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    chan = pb.channel_of()
+    for key, st in starts.items():
+        op, s, _c, _j = key
+        where = ("chan", chan[s]) if op in ("OFFLOAD", "RELOAD") else ("dev", s)
+        busy[where].append((st, ends[key]))
+    for spans in busy.values():
+        spans.sort()
+        for (_a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
+            assert a1 <= b0
+    limits = pb.memory_limits()
+    events: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    cost = {n: pb.cost(n) for n in ("m_f", "m_b", "m_w", "offload_bytes")}
+    for (op, s, c, _j), st in starts.items():
+        delta = {
+            "F": (ends, cost["m_f"][s, c]),
+            "B": (ends, cost["m_b"][s, c]),
+            "W": (ends, cost["m_w"][s, c]),
+            "OFFLOAD": (ends, -cost["offload_bytes"][s, c]),
+            "RELOAD": (starts, cost["offload_bytes"][s, c]),
+        }[op]
+        t = delta[0][(op, s, c, _j)]
+        events[s][t] += float(delta[1])
+    for s, by_time in events.items():
+        lim = limits[s]
+        if lim is None:
+            continue
+        level = 0.0
+        for t in sorted(by_time):
+            level += by_time[t]
+            assert level <= lim + 1e-9, f"stage {s} holds {level} > {lim} at tick {t}"
+
+
+def test_periodic_search_applies_only_where_copies_are_as_slow_as_compute() -> None:
+    assert periodic.applies(bench_problem(8, 32, 1, 0.25, 2.0))
+    assert periodic.applies(bench_problem(8, 32, 1, 0.5, 1.0))
+    assert periodic.applies(bench_problem(8, 32, 2, 0.25, 2.0))
+    assert not periodic.applies(bench_problem(8, 32, 1, 0.25, 0.5))
+    assert not periodic.applies(bench_problem(8, 32, 1, None, 2.0))
+    assert not periodic.applies(bench_problem(8, 32, 1, 0.25, 2.0).with_changes(offload=None))
+
+
+def test_a_pattern_beats_every_list_rule_where_copies_are_as_slow_as_the_compute() -> None:
+    # 6 stages x 18 microbatches, half of 1F1B's activation memory, a copy as long as a
+    # microbatch's F + B + W: the list rules move in waves (85 at best); two microbatches every
+    # 9 ticks, one of them offloaded on the low stages, give 79-80
+    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    assert _list_best(pb) == pytest.approx(85.0)
+    tm = tick_model(pb, 85.0)
+    pat = periodic.solve_pattern(pb, tm, 2, 4, cutoff=84, time_limit=30.0, workers=1)
+    assert pat is not None and pat.size == 2
+    assert pat.makespan <= 80
+    assert pat.offloaded  # the channel carries some activations, and not all of them
+    assert len(pat.offloaded) < 2 * (pb.num_stages - 1)
+    starts, ends = periodic.unrolled(pb, tm, pat)
+    _check_timed(pb, tm, starts, ends)
+    sched = schedule_from_ticks(pb, tm, starts, ends, "periodic")
+    assert sched is not None and sched.evaluation is not None and sched.evaluation.feasible
+    assert sched.evaluation.makespan is not None
+    assert sched.evaluation.makespan <= pat.makespan * tm.tick
+
+
+@pytest.mark.parametrize(
+    ("pb", "size", "window"),
+    [
+        # the narrowest window: instances meet only their neighbours
+        (bench_problem(4, 12, 1, 0.5, 2.0), 1, 2),
+        (bench_problem(4, 12, 1, 0.5, 2.0), 3, 2),
+        # two chunks per stage (V-shape), several of them on one device's channel
+        (bench_problem(4, 12, 2, 0.5, 2.0), 2, 3),
+        # p2p lags, uneven stages and one copy channel shared by stages 0 and 1
+        (
+            Problem(
+                num_stages=3,
+                num_microbatches=12,
+                t_f=[1.0, 2.0, 1.0],
+                t_b=[2.0, 3.0, 2.0],
+                t_w=[1.0, 1.0, 2.0],
+                t_comm=0.5,
+                m_f=2.0,
+                m_b=-1.0,
+                m_w=-1.0,
+                memory_limit=[4.0, 4.0, 100.0],
+                offload={
+                    "bytes": 2.0,
+                    "d2h_bandwidth": 0.5,
+                    "h2d_bandwidth": 0.5,
+                    "channel_groups": [[0, 1]],
+                },
+            ),
+            2,
+            2,
+        ),
+    ],
+)
+def test_unrolled_patterns_keep_every_rule(pb: Problem, size: int, window: int) -> None:
+    tm = tick_model(pb, 1000.0)
+    big = 10 * tm.to_ticks(_list_best(pb))
+    pat = periodic.solve_pattern(pb, tm, size, window, cutoff=big, time_limit=20.0, workers=1)
+    assert pat is not None
+    starts, ends = periodic.unrolled(pb, tm, pat)
+    assert max(ends.values()) == pat.makespan  # the model's objective is the unrolled makespan
+    _check_timed(pb, tm, starts, ends)
+    sched = schedule_from_ticks(pb, tm, starts, ends, "periodic")
+    assert sched is not None and sched.evaluation is not None and sched.evaluation.feasible
+
+
+def test_a_repeated_pattern_is_the_same_schedule() -> None:
+    pb = bench_problem(4, 12, 1, 0.5, 2.0)
+    tm = tick_model(pb, 1000.0)
+    pat = periodic.solve_pattern(pb, tm, 2, 3, cutoff=10_000, time_limit=20.0, workers=1)
+    assert pat is not None
+    twice = periodic.repeated(pat, 2)
+    assert twice.size == 4 and twice.period == 2 * pat.period
+    assert periodic.unrolled(pb, tm, twice) == periodic.unrolled(pb, tm, pat)
+    # as a hint it is feasible for the larger model: that model finds it (or better) at once
+    pat4 = periodic.solve_pattern(
+        pb, tm, 4, 3, cutoff=pat.makespan, time_limit=20.0, workers=1, hint=pat
+    )
+    assert pat4 is not None and pat4.makespan <= pat.makespan
+
+
+def test_search_yields_better_patterns_and_keeps_its_deadline() -> None:
+    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    tm = tick_model(pb, 85.0)
+    t0 = time.perf_counter()
+    found = list(
+        periodic.search(pb, tm, incumbent=85.0, lower_bound=60.0, deadline=t0 + 4.0, workers=1)
+    )
+    assert time.perf_counter() - t0 < 6.0
+    assert found
+    spans = [p.makespan for p in found]
+    assert spans == sorted(spans, reverse=True) and len(set(spans)) == len(spans)
+    assert spans[0] < 85
+    # a problem too short for any window of two repeats yields nothing
+    assert not list(
+        periodic.search(
+            bench_problem(4, 8, 1, 0.5, 2.0),
+            tick_model(bench_problem(4, 8, 1, 0.5, 2.0), 41.0),
+            incumbent=41.0,
+            lower_bound=30.0,
+            deadline=time.perf_counter() + 2.0,
+        )
+    )
+
+
+def test_solve_runs_the_periodic_search_where_copies_are_slow() -> None:
+    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    res = solve(pb, time_limit=8.0, workers=1)
+    assert res.makespan < 85
+    assert "periodic" in res.schedule.params["phase_seconds"]
+    assert any(i.source.startswith("periodic:K=") for i in res.incumbents)
+    assert res.solve_seconds < 9.5
+    fast = solve(bench_problem(6, 18, 1, 0.5, 0.5), time_limit=2.0, workers=1)
+    assert "periodic" not in fast.schedule.params["phase_seconds"]
