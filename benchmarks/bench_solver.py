@@ -240,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", default=None, help="e.g. 4x8,8x32 (overrides the mode's sizes)")
     ap.add_argument("--chunks", default="1,2")
+    ap.add_argument(
+        "--copies", default=None, help="e.g. 2 or 1,2 (copy time ratios; overrides the mode's)"
+    )
+    ap.add_argument(
+        "--mems", default=None, help="e.g. 0.25,0.5,none (memory fractions; overrides the mode's)"
+    )
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     ap.add_argument("--jsonl", default=None, help="one JSON object per instance")
     a = ap.parse_args(argv)
@@ -249,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]  # type: ignore[misc]
     mems = FULL_MEM if full else QUICK_MEM
     ratios = FULL_RATIO if full else QUICK_RATIO
+    if a.copies:
+        ratios = [float(x) for x in a.copies.split(",")]
+    if a.mems:
+        mems = [None if x.strip().lower() == "none" else float(x) for x in a.mems.split(",")]
     tl = a.time_limit if a.time_limit is not None else (60.0 if full else 10.0)
     chunks = [int(c) for c in a.chunks.split(",")]
     rows: list[Row] = []

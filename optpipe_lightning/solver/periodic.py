@@ -40,8 +40,11 @@ from ..schedule.problem import Problem
 from .cpsat import memory_scale, solve_stoppable
 from .ticks import OpKey, TickModel
 
-# pattern sizes tried, in order (K microbatches per period): each after a divisor that can hint it
+# pattern sizes tried, in order (K microbatches per period), each after a divisor that can hint
+# it, with their shares of the time (K = 1 rarely wins where copies are slow: one offload per
+# period saturates the channel; K = 2 and 4 won most often in the benchmark)
 PATTERN_SIZES = (1, 2, 4, 3, 8, 6, 5)
+SIZE_WEIGHTS = {1: 0.5, 2: 2.0, 4: 2.0, 3: 1.0, 8: 1.0, 6: 0.5, 5: 0.5}
 # one microbatch's latency is estimated at this multiple of its forward-and-backward chain
 LATENCY_FACTOR = 1.5
 # the window (Q K microbatches) must leave at least this many periods of the problem unrolled
@@ -60,10 +63,11 @@ class Pattern:
     """A solved periodic pattern: start tick of every op of microbatches 0..K-1."""
 
     size: int  # K
-    window: int  # Q
+    windows: list[int]  # Q per device
     period: int  # T, ticks
     makespan: int  # unrolled makespan the model planned, ticks
     latency: int  # the latest end of an op of the pattern, ticks
+    crowded: bool = False  # some device's ops reach into the last period of its window
     starts: dict[PatternKey, int] = field(default_factory=dict)
     offloaded: set[tuple[int, int]] = field(default_factory=set)  # (group, k)
 
@@ -87,16 +91,7 @@ def applies(problem: Problem) -> bool:
 
 def chain_ticks(problem: Problem, tm: TickModel) -> int:
     """Ticks of one microbatch alone: every F up the pipeline, every B down, then W of group 0."""
-    table = problem.group_table
-    G = len(table)
-    total = 0
-    for g, (s, c) in enumerate(table):
-        total += tm.t_f[s][c] + tm.t_b[s][c]
-        if g + 1 < G and table[g + 1][0] != s:
-            ns, nc = table[g + 1]
-            total += tm.comm[s][c] + tm.comm[ns][nc]
-    s0, c0 = table[0]
-    return total + tm.t_w[s0][c0]
+    return round_trip_ticks(problem, tm, 0)
 
 
 def work_ticks(problem: Problem, tm: TickModel) -> int:
@@ -107,25 +102,62 @@ def work_ticks(problem: Problem, tm: TickModel) -> int:
     )
 
 
-def window_for(
+def windows_for(
     problem: Problem, tm: TickModel, size: int, rate_lo: float, rate_hi: float
-) -> int | None:
-    """Q for pattern size K: the estimated latency over the estimated period (ticks per
-    microbatch between ``rate_lo``, what the bound allows, and ``rate_hi``, the incumbent's);
-    None when the window would not leave ``MIN_REPEATS`` periods of the problem."""
-    lat = LATENCY_FACTOR * chain_ticks(problem, tm)
+) -> list[int] | None:
+    """Q per device for pattern size K: the device's estimated span (its round trip, from the F
+    of its lowest group to that group's W, and the period's spread of K microbatches) over the
+    estimated period (ticks per microbatch between ``rate_lo``, what the bound allows, and
+    ``rate_hi``, the incumbent's). Devices that share a copy channel share the whole pipeline's
+    window. None when the widest window would not leave ``MIN_REPEATS`` periods of the problem."""
     period = max(1.0, size * (rate_lo + rate_hi) / 2)
-    q = max(2, math.ceil(lat / period))
-    if q * size * MIN_REPEATS > problem.num_microbatches:
+    spread = (size - 1) / size
+    whole = max(2, math.ceil(LATENCY_FACTOR * chain_ticks(problem, tm) / period + spread))
+    shared = _shared_channel_devices(problem)
+    out = []
+    for s in range(problem.num_stages):
+        if s in shared:
+            out.append(whole)
+            continue
+        trip = round_trip_ticks(problem, tm, _lowest_group(problem, s))
+        out.append(max(2, math.ceil(LATENCY_FACTOR * trip / period + spread)))
+    if max(out) * size * MIN_REPEATS > problem.num_microbatches:
         return None
-    return q
+    return out
+
+
+def round_trip_ticks(problem: Problem, tm: TickModel, low: int) -> int:
+    """Ticks from the start of group ``low``'s F to the end of its W for one microbatch alone."""
+    table = problem.group_table
+    G = len(table)
+    total = 0
+    for g in range(low, G):
+        s, c = table[g]
+        total += tm.t_f[s][c] + tm.t_b[s][c]
+        if g + 1 < G and table[g + 1][0] != s:
+            ns, nc = table[g + 1]
+            total += tm.comm[s][c] + tm.comm[ns][nc]
+    s0, c0 = table[low]
+    return total + tm.t_w[s0][c0]
+
+
+def _lowest_group(problem: Problem, s: int) -> int:
+    return min(problem.group_of(s, c) for c in range(problem.num_chunks))
+
+
+def _shared_channel_devices(problem: Problem) -> set[int]:
+    chan = problem.channel_of()
+    return {s for s in range(problem.num_stages) if chan.count(chan[s]) > 1}
 
 
 class _PatternModel:
-    def __init__(self, problem: Problem, tm: TickModel, size: int, window: int, cutoff: int):
+    def __init__(
+        self, problem: Problem, tm: TickModel, size: int, windows: list[int], cutoff: int
+    ) -> None:
         pb = problem
-        K, Q, m = size, window, pb.num_microbatches
+        K, m = size, pb.num_microbatches
         p = pb.num_stages
+        Q = max(windows)
         table = pb.group_table
         G = len(table)
         limits = pb.memory_limits()
@@ -133,7 +165,7 @@ class _PatternModel:
         sc = memory_scale(pb)
         md = cp_model.CpModel()
         self.model = md
-        self.size, self.window = K, Q
+        self.size, self.windows = K, list(windows)
         work = work_ticks(pb, tm)
         t_max = max(K * work, cutoff // max(1, (m - 1) // K))
         self.T = T = md.new_int_var(K * work, t_max, "T")
@@ -160,9 +192,19 @@ class _PatternModel:
                 d = tm.duration(op, s, c)
                 self.dur[(op, g)] = d
                 for k in range(K):
-                    x = md.new_int_var(0, span, f"{op}{g}.{k}")
-                    md.add(x + d <= Q * T)
-                    self.base[(op, g, k)] = x
+                    self.base[(op, g, k)] = md.new_int_var(0, span, f"{op}{g}.{k}")
+        # every op of a device in pattern instance 0 lies within its window: from the device's
+        # anchor (the F of its lowest group for k = 0, before all of them; 0 where devices share
+        # a copy channel, whose copies meet across devices) to Q_s periods later
+        shared = _shared_channel_devices(pb)
+        # (anchor, op end, Q) of the ops that bound each device's window
+        self.reach: list[tuple[cp_model.LinearExprT, cp_model.LinearExprT, int]] = []
+        for g, (s, _c) in enumerate(table):
+            anchor = 0 if s in shared else self.base[("F", _lowest_group(pb, s), 0)]
+            for k in range(K):
+                end = self.base[("W", g, k)] + self.dur[("W", g)]
+                md.add(end <= anchor + windows[s] * T)
+                self.reach.append((anchor, end, windows[s]))
         self.ends = [md.new_int_var(0, span, f"end{k}") for k in range(K)]
         use_off = pb.offload is not None
         dev: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
@@ -205,10 +247,9 @@ class _PatternModel:
                     md.add(so >= F + df).only_enforce_if(o)
                     md.add(sr >= so + d_off).only_enforce_if(o)
                     md.add(sr + d_rel <= B).only_enforce_if(o)
-                    md.add(sr + d_rel <= Q * T).only_enforce_if(o)
                     md.add(so == 0).only_enforce_if(~o)
                     md.add(sr == 0).only_enforce_if(~o)
-            for j in range(Q * K):
+            for j in range(windows[s] * K):
                 for op in ("F", "B", "W"):
                     x = at(op, g, j)
                     d = self.dur[(op, g)]
@@ -260,10 +301,15 @@ class _PatternModel:
             if op in ("OFFLOAD", "RELOAD") and (g, k) not in offloaded:
                 continue
             starts[(op, g, k)] = int(solver.value(var))
+        period = int(solver.value(self.T))
         return Pattern(
             size=self.size,
-            window=self.window,
-            period=int(solver.value(self.T)),
+            windows=self.windows,
+            period=period,
+            crowded=any(
+                int(solver.value(end)) > int(solver.value(anchor)) + (q - 1) * period
+                for anchor, end, q in self.reach
+            ),
             makespan=int(solver.value(self.makespan)),
             latency=max(int(solver.value(e)) for e in self.ends),
             starts=starts,
@@ -281,7 +327,7 @@ def repeated(pattern: Pattern, times: int) -> Pattern:
     }
     return Pattern(
         size=K * times,
-        window=pattern.window,
+        windows=pattern.windows,
         period=T * times,
         makespan=pattern.makespan,
         latency=pattern.latency + (times - 1) * T,
@@ -294,7 +340,7 @@ def solve_pattern(
     problem: Problem,
     tm: TickModel,
     size: int,
-    window: int,
+    windows: int | list[int],
     *,
     cutoff: int,
     time_limit: float,
@@ -306,8 +352,10 @@ def solve_pattern(
 ) -> Pattern | None:
     """The best pattern of ``size`` microbatches in ``time_limit`` whose unrolled makespan is at
     most ``cutoff`` ticks; None if none was found. ``deadline`` (a ``time.perf_counter()`` value)
-    also caps the search once the model is built."""
-    model = _PatternModel(problem, tm, size, window, cutoff)
+    also caps the search once the model is built. ``windows``: Q per device (or one for all)."""
+    if isinstance(windows, int):
+        windows = [windows] * problem.num_stages
+    model = _PatternModel(problem, tm, size, windows, cutoff)
     if hint is not None and size % hint.size == 0:
         model.add_hint(repeated(hint, size // hint.size))
     solver = cp_model.CpSolver()
@@ -321,9 +369,9 @@ def solve_pattern(
     t0 = time.perf_counter()
     code = solve_stoppable(solver, model.model, None, stop)
     log.debug(
-        "pattern K=%d Q=%d cutoff=%d: %s in %.2f s",
+        "pattern K=%d Q=%s cutoff=%d: %s in %.2f s",
         size,
-        window,
+        windows,
         cutoff,
         solver.status_name(code),
         time.perf_counter() - t0,
@@ -375,20 +423,20 @@ def search(
         if left <= 0 or (stop is not None and stop.is_set()):
             return
         rate_hi = max(rate_lo, (best_ticks - chain) / max(1, m - 1))
-        window = window_for(problem, tm, size, rate_lo, rate_hi)
-        if window is None:
+        windows = windows_for(problem, tm, size, rate_lo, rate_hi)
+        if windows is None:
             continue
         hints = [found[d] for d in found if size % d == 0]
         hint = min(hints, key=lambda h: h.makespan) if hints else None
-        share = left / (len(sizes) - i)
+        share = left * SIZE_WEIGHTS[size] / sum(SIZE_WEIGHTS[k] for k in sizes[i:])
         pat = solve_pattern(
             problem,
             tm,
             size,
-            window,
+            windows,
             # a hint (a smaller pattern repeated) must stay feasible: its own makespan is the cutoff
             cutoff=max(best_ticks, hint.makespan) if hint is not None else best_ticks - 1,
-            time_limit=min(left, 2 * share),
+            time_limit=share,
             workers=workers,
             seed=seed,
             hint=hint,
@@ -400,14 +448,14 @@ def search(
         found[size] = pat
         if pat.makespan >= best_ticks:
             continue  # no better than its hint
-        if pat.latency > (window - 1) * pat.period and time.perf_counter() < deadline:
-            # the window may have cut off a shorter period with a longer latency: one more try
+        if pat.crowded and time.perf_counter() < deadline:
+            # the windows may have cut off a shorter period with a longer latency: one more try
             wider = solve_pattern(
                 problem,
                 tm,
                 size,
-                window + 1,
-                cutoff=pat.makespan - 1,
+                [q + 1 for q in windows],
+                cutoff=pat.makespan,
                 time_limit=min(deadline - time.perf_counter(), share),
                 workers=workers,
                 seed=seed,
@@ -415,7 +463,7 @@ def search(
                 stop=stop,
                 deadline=deadline,
             )
-            if wider is not None:
+            if wider is not None and wider.makespan < pat.makespan:
                 pat = wider
                 found[size] = pat
         best_ticks = min(best_ticks, pat.makespan)

@@ -2,7 +2,9 @@
 
 Pipeline: check the memory limit (clear error below what any schedule can fit); run the
 offload-aware list schedulers, a local search over their parameters from the best ones
-(``rule_search``), the offload repair, the user's hint and the baselines; keep the best the
+(``rule_search``), the offload repair, the user's hint and the baselines; where copies are as slow
+as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
+state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; keep the best the
 simulator accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi
 (when its licence allows) or HiGHS searches with that hint. Every solution a backend reports is
 turned into action lists and re-evaluated by the one simulator; only the simulator's makespan is
