@@ -180,7 +180,7 @@ def bound_parts(problem: Problem) -> BoundParts:
                 saving = moved * (resident - (trip + B[g]) + f_longest)
                 if saving > 0:
                     options.append((saving, trip, m))
-        mem_lb = max(mem_lb, _memory_channel_bound(full, lim, options))
+        mem_lb = max(mem_lb, least_time_for_memory(full, lim, options))
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         # 6. drain
         drain = _drain_bound(pb, s, room, B, below, heads[s] + works[s])
@@ -207,7 +207,7 @@ def bound_parts(problem: Problem) -> BoundParts:
                 if saving > 0:
                     single.append((saving, trip, m))
         head = min(EF[g] for g, *_ in chunks)
-        mem_lb = max(mem_lb, _memory_channel_bound(span + head + tail, 1.0, single))
+        mem_lb = max(mem_lb, least_time_for_memory(span + head + tail, 1.0, single))
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb)
 
 
@@ -252,7 +252,7 @@ def _drain_bound(
     return head_work + max(0.0, min(below[g] for g in groups) - busy)
 
 
-def _memory_channel_bound(
+def least_time_for_memory(
     full: float, limit: float, options: list[tuple[float, float, int]]
 ) -> float:
     """Least T with ``full - savings <= limit * T`` for offloads whose copies fit in T.

@@ -27,6 +27,7 @@ backend's are (``solve.schedule_from_ticks``): only the simulator's makespan cou
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from ..schedule.bounds import least_time_for_memory
 from ..schedule.problem import Problem
 from .cpsat import memory_scale, solve_stoppable
 from .ticks import OpKey, TickModel
@@ -46,7 +48,7 @@ from .ticks import OpKey, TickModel
 PATTERN_SIZES = (1, 2, 4, 3, 8, 6, 5)
 SIZE_WEIGHTS = {1: 0.5, 2: 2.0, 4: 2.0, 3: 1.0, 8: 1.0, 6: 0.5, 5: 0.5}
 # one microbatch's latency is estimated at this multiple of its forward-and-backward chain
-LATENCY_FACTOR = 1.5
+LATENCY_FACTOR = 1.2
 # the window (Q K microbatches) must leave at least this many periods of the problem unrolled
 MIN_REPEATS = 2
 # copies at least this slow (offload time over the microbatch's F + B + W on the chunk) for
@@ -110,7 +112,7 @@ def windows_for(
     estimated period (ticks per microbatch between ``rate_lo``, what the bound allows, and
     ``rate_hi``, the incumbent's). Devices that share a copy channel share the whole pipeline's
     window. None when the widest window would not leave ``MIN_REPEATS`` periods of the problem."""
-    period = max(1.0, size * (rate_lo + rate_hi) / 2)
+    period = max(1.0, size * rate_hi)
     spread = (size - 1) / size
     whole = max(2, math.ceil(LATENCY_FACTOR * chain_ticks(problem, tm) / period + spread))
     shared = _shared_channel_devices(problem)
@@ -141,6 +143,74 @@ def round_trip_ticks(problem: Problem, tm: TickModel, low: int) -> int:
     return total + tm.t_w[s0][c0]
 
 
+def period_lower_bound(problem: Problem, tm: TickModel, size: int) -> int:
+    """The least period (ticks) any pattern of ``size`` microbatches can have.
+
+    Each device runs K microbatches' ops per period (``K x work``). And its memory over one period
+    of the steady state: each activation is resident from its F end to its B end, at least the
+    chain above it, or for an offloaded one at least its copies and its B; its W-part until its W
+    ends; and while an F runs the level stays ``act`` below the limit (argument 4 of
+    ``schedule.bounds``, per period: the copies of one period fit in T on its channel, at most
+    K per chunk).
+    """
+    pb = problem
+    table = pb.group_table
+    G = len(table)
+    limits = pb.memory_limits()
+    m_f, m_w, ob = pb.cost("m_f"), pb.cost("m_w"), pb.cost("offload_bytes")
+    if bool((pb.cost("m_b") > 0).any() or (m_w > 0).any()):
+        return size * work_ticks(pb, tm)
+
+    def lag(a: int, b: int) -> int:  # hop from group a to its neighbour b
+        (sa, ca), (sb, _cb) = table[a], table[b]
+        return tm.comm[sa][ca] if sa != sb else 0
+
+    fwd_rest = [0] * G  # end of F_g to end of the last F
+    down = [0] * G  # end of the last F to the start of B_g
+    for g in range(G - 2, -1, -1):
+        s1, c1 = table[g + 1]
+        fwd_rest[g] = fwd_rest[g + 1] + lag(g, g + 1) + tm.t_f[s1][c1]
+        down[g] = down[g + 1] + tm.t_b[s1][c1] + lag(g + 1, g)
+    best = size * work_ticks(pb, tm)
+    for s in range(pb.num_stages):
+        lim = limits[s]
+        if lim is None:
+            continue
+        full = 0.0
+        options: list[tuple[float, float, int]] = []
+        f_longest = max(tm.t_f[s][c] for c in range(pb.num_chunks))
+        for c in range(pb.num_chunks):
+            g = pb.group_of(s, c)
+            act, wpart = float(m_f[s, c]), -float(m_w[s, c])
+            resident = fwd_rest[g] + down[g] + tm.t_b[s][c]
+            full += size * (act * resident + max(wpart, 0.0) * tm.t_w[s][c] + act * tm.t_f[s][c])
+            if pb.offload is not None and ob[s, c] > 0:
+                trip = tm.t_off[s][c] + tm.t_rel[s][c]
+                saving = float(ob[s, c]) * (resident - (trip + tm.t_b[s][c]) + f_longest)
+                if saving > 0:
+                    options.append((saving, float(trip), size))
+        room = lim * (1 + 1e-9)
+        t = max(best, math.ceil(least_time_for_memory(full, room, options) - 1e-6))
+        if options and len(options) <= 3:
+            # a period holds a whole number of offloads of each chunk: the least T at which
+            # some whole counts fit the channel and save enough
+            counts = list(itertools.product(*(range(size + 1) for _ in options)))
+            while full - _best_whole_saving(options, counts, t) > room * t:
+                t += 1
+        best = max(best, t)
+    return best
+
+
+def _best_whole_saving(
+    options: list[tuple[float, float, int]], counts: list[tuple[int, ...]], capacity: int
+) -> float:
+    best = 0.0
+    for n in counts:
+        if sum(k * trip for k, (_s, trip, _c) in zip(n, options, strict=True)) <= capacity:
+            best = max(best, sum(k * sv for k, (sv, _t, _c) in zip(n, options, strict=True)))
+    return best
+
+
 def _lowest_group(problem: Problem, s: int) -> int:
     return min(problem.group_of(s, c) for c in range(problem.num_chunks))
 
@@ -152,7 +222,13 @@ def _shared_channel_devices(problem: Problem) -> set[int]:
 
 class _PatternModel:
     def __init__(
-        self, problem: Problem, tm: TickModel, size: int, windows: list[int], cutoff: int
+        self,
+        problem: Problem,
+        tm: TickModel,
+        size: int,
+        windows: list[int],
+        cutoff: int,
+        minimize_period: bool = False,
     ) -> None:
         pb = problem
         K, m = size, pb.num_microbatches
@@ -168,7 +244,8 @@ class _PatternModel:
         self.size, self.windows = K, list(windows)
         work = work_ticks(pb, tm)
         t_max = max(K * work, cutoff // max(1, (m - 1) // K))
-        self.T = T = md.new_int_var(K * work, t_max, "T")
+        t_min = period_lower_bound(pb, tm, K)
+        self.T = T = md.new_int_var(min(t_min, t_max), t_max, "T")
         span = Q * t_max
         self.base: dict[PatternKey, cp_model.IntVar] = {}
         self.dur: dict[tuple[str, int], int] = {}
@@ -283,7 +360,7 @@ class _PatternModel:
         self.makespan = md.new_int_var(0, cutoff, "makespan")
         for k in range(K):
             md.add(self.makespan >= ((m - 1 - k) // K) * T + self.ends[k])
-        md.minimize(self.makespan)
+        md.minimize(T if minimize_period else self.makespan)
 
     def add_hint(self, hint: Pattern) -> None:
         """Hint with a pattern of this size (a smaller one repeated: see ``repeated``)."""
@@ -349,13 +426,15 @@ def solve_pattern(
     hint: Pattern | None = None,
     stop: threading.Event | None = None,
     deadline: float | None = None,
+    minimize_period: bool = False,
 ) -> Pattern | None:
     """The best pattern of ``size`` microbatches in ``time_limit`` whose unrolled makespan is at
     most ``cutoff`` ticks; None if none was found. ``deadline`` (a ``time.perf_counter()`` value)
-    also caps the search once the model is built. ``windows``: Q per device (or one for all)."""
+    also caps the search once the model is built. ``windows``: Q per device (or one for all).
+    ``minimize_period``: the least T instead (within the cutoff)."""
     if isinstance(windows, int):
         windows = [windows] * problem.num_stages
-    model = _PatternModel(problem, tm, size, windows, cutoff)
+    model = _PatternModel(problem, tm, size, windows, cutoff, minimize_period)
     if hint is not None and size % hint.size == 0:
         model.add_hint(repeated(hint, size // hint.size))
     solver = cp_model.CpSolver()
@@ -426,6 +505,9 @@ def search(
         windows = windows_for(problem, tm, size, rate_lo, rate_hi)
         if windows is None:
             continue
+        if ((m - 1) // size) * period_lower_bound(problem, tm, size) + chain >= best_ticks:
+            log.debug("pattern K=%d cannot beat %d ticks: skipped", size, best_ticks)
+            continue
         hints = [found[d] for d in found if size % d == 0]
         hint = min(hints, key=lambda h: h.makespan) if hints else None
         share = left * SIZE_WEIGHTS[size] / sum(SIZE_WEIGHTS[k] for k in sizes[i:])
@@ -435,7 +517,7 @@ def search(
             size,
             windows,
             # a hint (a smaller pattern repeated) must stay feasible: its own makespan is the cutoff
-            cutoff=max(best_ticks, hint.makespan) if hint is not None else best_ticks - 1,
+            cutoff=max(best_ticks, hint.makespan) if hint is not None else 2 * best_ticks,
             time_limit=share,
             workers=workers,
             seed=seed,
@@ -456,7 +538,7 @@ def search(
                 size,
                 [q + 1 for q in windows],
                 cutoff=pat.makespan,
-                time_limit=min(deadline - time.perf_counter(), share),
+                time_limit=min(deadline - time.perf_counter(), share / 2),
                 workers=workers,
                 seed=seed,
                 hint=pat,

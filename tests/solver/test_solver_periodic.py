@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 
@@ -53,12 +54,12 @@ def _check_timed(pb: Problem, tm: TickModel, starts: dict[OpKey, int], ends: dic
         busy[where].append((st, ends[key]))
     for spans in busy.values():
         spans.sort()
-        for (_a0, a1), (b0, _b1) in zip(spans, spans[1:], strict=False):
+        for (_a0, a1), (b0, _b1) in itertools.pairwise(spans):
             assert a1 <= b0
     limits = pb.memory_limits()
     events: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     cost = {n: pb.cost(n) for n in ("m_f", "m_b", "m_w", "offload_bytes")}
-    for (op, s, c, _j), st in starts.items():
+    for op, s, c, _j in starts:
         delta = {
             "F": (ends, cost["m_f"][s, c]),
             "B": (ends, cost["m_b"][s, c]),
@@ -200,3 +201,29 @@ def test_solve_runs_the_periodic_search_where_copies_are_slow() -> None:
     assert res.solve_seconds < 9.5
     fast = solve(bench_problem(6, 18, 1, 0.5, 0.5), time_limit=2.0, workers=1)
     assert "periodic" not in fast.schedule.params["phase_seconds"]
+
+
+def test_period_lower_bound_by_hand_and_below_every_pattern_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16x64x1 at a quarter of the memory (4 activations), copies 2x (6 ticks each way): stage 0
+    # holds an activation 31 ticks from its F's end to its B's end, 1 more during the F and half
+    # of one during W: 32.5 per microbatch. One microbatch per period: 32.5 / 4 -> 9 (no copy
+    # fits in a period under 12). Two: 65 / 4 > 12 without offload, and at 12 one offload
+    # (channel 12) saves 31 - 13 + 1 = 19: 46 <= 48 -> 12
+    pb = bench_problem(16, 64, 1, 0.25, 2.0)
+    tm = tick_model(pb, 1000.0)
+    assert periodic.period_lower_bound(pb, tm, 1) == 9
+    assert periodic.period_lower_bound(pb, tm, 2) == 12
+    # the least periods the model finds without the bound (which also bounds the model's T):
+    # any pattern found, optimal or not, has a period at least the bound
+    bound = periodic.period_lower_bound
+    monkeypatch.setattr(periodic, "period_lower_bound", lambda *_a: 1)
+    small = bench_problem(6, 18, 1, 0.5, 1.0)
+    tm = tick_model(small, 85.0)
+    for size in (1, 2, 3):
+        least = periodic.solve_pattern(
+            small, tm, size, 3, cutoff=10_000, time_limit=3.0, minimize_period=True
+        )
+        assert least is not None
+        assert least.period >= bound(small, tm, size)
