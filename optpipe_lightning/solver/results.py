@@ -13,7 +13,8 @@ class Incumbent:
 
     ``wall_time`` is seconds since ``solve`` started, ``makespan`` the simulated makespan,
     ``bound`` the best proven lower bound at that moment (None when none is known), ``source``
-    who found it (``"heuristic:<name>"``, ``"baseline:<name>"``, ``"cpsat"``, ``"gurobi"``...).
+    who found it (``"heuristic:<name>"``, ``"baseline:<name>"``, ``"periodic:K=<k>,T=<seconds>"``,
+    ``"cpsat"``, ``"gurobi"``...).
     ``schedule`` is the improved schedule itself (simulator-evaluated) in what the callback
     receives; ``SolveResult.incumbents`` keeps only the numbers.
     """
