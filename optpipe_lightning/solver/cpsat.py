@@ -56,6 +56,32 @@ def memory_scale(problem: Problem) -> float:
     return 1e6 / max(vals)  # 1e-6 of the largest delta per unit; allocations rounded up
 
 
+def add_resources(
+    md: cp_model.CpModel,
+    devices: list[list[cp_model.IntervalVar]],
+    channels: dict[int, list[cp_model.IntervalVar]],
+    limits: list[float | None],
+    scale: float,
+    times: list[list[cp_model.LinearExprT]],
+    deltas: list[list[int]],
+    actives: list[list[cp_model.LiteralT]],
+) -> None:
+    """One op at a time per device and per copy channel, and per device with a limit a memory
+    reservoir over its events (``scale``: ``memory_scale``; events at one instant net out)."""
+    for ivs in devices:
+        md.add_no_overlap(ivs)
+    for ivs in channels.values():
+        md.add_no_overlap(ivs)
+    for s, lim in enumerate(limits):
+        if lim is None:
+            continue
+        cap = math.floor(lim * scale * (1 + 1e-12) + 1e-9)
+        low = -sum(abs(x) for x in deltas[s]) - 1
+        md.add_reservoir_constraint_with_active(
+            times[s], deltas[s], actives[s], min(low, 0), max(cap, 0)
+        )
+
+
 class _Model:
     def __init__(
         self,
@@ -180,19 +206,7 @@ class _Model:
                     res_times[s] += [so + d_off, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
-        for s in range(p):
-            md.add_no_overlap(dev_iv[s])
-        for ivs in chan_iv.values():
-            md.add_no_overlap(ivs)
-        for s in range(p):
-            lim = limits[s]
-            if lim is None:
-                continue
-            cap = math.floor(lim * sc * (1 + 1e-12) + 1e-9)
-            low = -sum(abs(x) for x in res_deltas[s]) - 1
-            md.add_reservoir_constraint_with_active(
-                res_times[s], res_deltas[s], res_active[s], min(low, 0), max(cap, 0)
-            )
+        add_resources(md, dev_iv, chan_iv, limits, sc, res_times, res_deltas, res_active)
         self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
         if tight:
             self._add_no_voluntary_idle(window)

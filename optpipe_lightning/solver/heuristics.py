@@ -167,9 +167,9 @@ def no_offload_fits(problem: Problem) -> bool:
     return True
 
 
-def slow_copies(problem: Problem) -> bool:
-    """Whether most offloadable activations take longer to copy out than their microbatch's
-    compute on that chunk (F + B + W)."""
+def slow_copies(problem: Problem, ratio: float = 1.0, strict: bool = True) -> bool:
+    """Whether most offloadable activations take longer to copy out than ``ratio`` times their
+    microbatch's compute on that chunk (F + B + W; at least that long unless ``strict``)."""
     if problem.offload is None:
         return False
     t = problem.cost("t_f") + problem.cost("t_b") + problem.cost("t_w")
@@ -179,7 +179,8 @@ def slow_copies(problem: Problem) -> bool:
         for c in range(problem.num_chunks):
             if ob[s, c] > 0:
                 total += 1
-                slow += problem.offload_time(s, c) > float(t[s, c])
+                copy, compute = problem.offload_time(s, c), ratio * float(t[s, c])
+                slow += copy > compute if strict else copy >= compute * (1 - 1e-9)
     return total > 0 and 2 * slow > total
 
 

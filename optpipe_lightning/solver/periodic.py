@@ -39,7 +39,8 @@ from ortools.sat.python import cp_model
 
 from ..schedule.bounds import least_time_for_memory
 from ..schedule.problem import Problem
-from .cpsat import memory_scale, solve_stoppable
+from .cpsat import add_resources, memory_scale, solve_stoppable
+from .heuristics import slow_copies
 from .ticks import OpKey, TickModel
 
 # pattern sizes tried, in order (K microbatches per period), each after a divisor that can hint
@@ -77,18 +78,9 @@ class Pattern:
 def applies(problem: Problem) -> bool:
     """Memory limited, offload allowed, and copies at least as slow as compute (on most of the
     activations that can move)."""
-    pb = problem
-    if pb.offload is None or all(x is None for x in pb.memory_limits()):
+    if all(x is None for x in problem.memory_limits()):
         return False
-    t = pb.cost("t_f") + pb.cost("t_b") + pb.cost("t_w")
-    ob = pb.cost("offload_bytes")
-    slow = total = 0
-    for s in range(pb.num_stages):
-        for c in range(pb.num_chunks):
-            if ob[s, c] > 0 and pb.memory_limits()[s] is not None:
-                total += 1
-                slow += pb.offload_time(s, c) >= MIN_COPY_RATIO * float(t[s, c]) * (1 - 1e-9)
-    return total > 0 and 2 * slow > total
+    return slow_copies(problem, MIN_COPY_RATIO, strict=False)
 
 
 def chain_ticks(problem: Problem, tm: TickModel) -> int:
@@ -346,17 +338,7 @@ class _PatternModel:
                     r_t[s] += [so + d_off, sr]
                     r_d[s] += [-moved, moved]
                     r_a[s] += [o, o]
-        for s in range(p):
-            md.add_no_overlap(dev[s])
-        for ivs in chans.values():
-            md.add_no_overlap(ivs)
-        for s in range(p):
-            lim = limits[s]
-            if lim is None:
-                continue
-            cap = math.floor(lim * sc * (1 + 1e-12) + 1e-9)
-            low = -sum(abs(x) for x in r_d[s]) - 1
-            md.add_reservoir_constraint_with_active(r_t[s], r_d[s], r_a[s], min(low, 0), cap)
+        add_resources(md, dev, chans, limits, sc, r_t, r_d, r_a)
         self.makespan = md.new_int_var(0, cutoff, "makespan")
         for k in range(K):
             md.add(self.makespan >= ((m - 1 - k) // K) * T + self.ends[k])
