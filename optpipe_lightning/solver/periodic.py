@@ -19,7 +19,8 @@ infinite repetition, and of its first ``m`` microbatches, stays within the limit
 the unrolled makespan ``max_k (q_k T + end_k)``, below the incumbent's.
 
 ``Q`` follows from an estimate of one microbatch's latency and of the period; a pattern whose
-latency crowds ``Q T`` is tried again with a larger ``Q`` when time allows. Patterns are tried for
+ops crowd the last period of a device's window is tried again with wider windows when time
+allows. Patterns are tried for
 K = 1, 2, 3, ... with the time the caller gives; a pattern for K is hinted with the best one whose
 K divides it. The unrolled times are turned into action lists and timed by the simulator as every
 backend's are (``solve.schedule_from_ticks``): only the simulator's makespan counts.
@@ -69,7 +70,6 @@ class Pattern:
     windows: list[int]  # Q per device
     period: int  # T, ticks
     makespan: int  # unrolled makespan the model planned, ticks
-    latency: int  # the latest end of an op of the pattern, ticks
     crowded: bool = False  # some device's ops reach into the last period of its window
     starts: dict[PatternKey, int] = field(default_factory=dict)
     offloaded: set[tuple[int, int]] = field(default_factory=set)  # (group, k)
@@ -96,15 +96,13 @@ def work_ticks(problem: Problem, tm: TickModel) -> int:
     )
 
 
-def windows_for(
-    problem: Problem, tm: TickModel, size: int, rate_lo: float, rate_hi: float
-) -> list[int] | None:
+def windows_for(problem: Problem, tm: TickModel, size: int, rate: float) -> list[int] | None:
     """Q per device for pattern size K: the device's estimated span (its round trip, from the F
     of its lowest group to that group's W, and the period's spread of K microbatches) over the
-    estimated period (ticks per microbatch between ``rate_lo``, what the bound allows, and
-    ``rate_hi``, the incumbent's). Devices that share a copy channel share the whole pipeline's
+    period at ``rate`` ticks per microbatch (the incumbent's: a pattern must beat it; a pattern
+    that crowds its windows is retried with wider ones). Devices that share a copy channel share the whole pipeline's
     window. None when the widest window would not leave ``MIN_REPEATS`` periods of the problem."""
-    period = max(1.0, size * rate_hi)
+    period = max(1.0, size * rate)
     spread = (size - 1) / size
     whole = max(2, math.ceil(LATENCY_FACTOR * chain_ticks(problem, tm) / period + spread))
     shared = _shared_channel_devices(problem)
@@ -370,7 +368,6 @@ class _PatternModel:
                 for anchor, end, q in self.reach
             ),
             makespan=int(solver.value(self.makespan)),
-            latency=max(int(solver.value(e)) for e in self.ends),
             starts=starts,
             offloaded=offloaded,
         )
@@ -389,7 +386,6 @@ def repeated(pattern: Pattern, times: int) -> Pattern:
         windows=pattern.windows,
         period=T * times,
         makespan=pattern.makespan,
-        latency=pattern.latency + (times - 1) * T,
         starts=starts,
         offloaded={(g, k + r * K) for g, k in pattern.offloaded for r in range(times)},
     )
@@ -484,7 +480,7 @@ def search(
         if left <= 0 or (stop is not None and stop.is_set()):
             return
         rate_hi = max(rate_lo, (best_ticks - chain) / max(1, m - 1))
-        windows = windows_for(problem, tm, size, rate_lo, rate_hi)
+        windows = windows_for(problem, tm, size, rate_hi)
         if windows is None:
             continue
         if ((m - 1) // size) * period_lower_bound(problem, tm, size) + chain >= best_ticks:
