@@ -192,6 +192,43 @@ def test_search_yields_better_patterns_and_keeps_its_deadline() -> None:
     )
 
 
+def test_search_ends_when_the_first_sizes_come_nowhere_near(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no pattern of K = 1, 2, 4 comes within 1% of the incumbent: the larger sizes are not tried
+    # (their time goes to the full model); one that does keeps the search going
+    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    tm = tick_model(pb, 85.0)
+    tried: list[int] = []
+    real = periodic.solve_pattern
+
+    def no_better(problem: Problem, tmod: TickModel, size: int, *a: object, **k: object) -> None:
+        tried.append(size)
+
+    monkeypatch.setattr(periodic, "period_lower_bound", lambda *_a: 1)
+    monkeypatch.setattr(periodic, "solve_pattern", no_better)
+    deadline = time.perf_counter() + 5.0
+    assert not list(periodic.search(pb, tm, incumbent=85.0, lower_bound=1.0, deadline=deadline))
+    assert tried == list(periodic.PATTERN_SIZES[: periodic.PROBE_SIZES])
+
+    tried.clear()
+
+    def better_at_2(problem: Problem, tmod: TickModel, size: int, *a: object, **k: object):  # type: ignore[no-untyped-def]
+        tried.append(size)
+        return real(problem, tmod, 2, 3, cutoff=85, time_limit=3.0) if size == 2 else None
+
+    monkeypatch.setattr(periodic, "solve_pattern", better_at_2)
+    deadline = time.perf_counter() + 20.0
+    found = list(periodic.search(pb, tm, incumbent=85.0, lower_bound=1.0, deadline=deadline))
+    assert found and len(tried) > periodic.PROBE_SIZES
+    # the same pattern (80 ticks) against an incumbent of 76: 5% over, the search ends
+    tried.clear()
+    assert found[0].makespan == 80
+    deadline = time.perf_counter() + 20.0
+    assert not list(periodic.search(pb, tm, incumbent=76.0, lower_bound=1.0, deadline=deadline))
+    assert tried == list(periodic.PATTERN_SIZES[: periodic.PROBE_SIZES])
+
+
 def test_solve_runs_the_periodic_search_where_copies_are_slow() -> None:
     pb = bench_problem(6, 18, 1, 0.5, 1.0)
     res = solve(pb, time_limit=8.0, workers=1)
