@@ -318,6 +318,7 @@ def solve_cpsat(
     tight: bool = True,
     window: int | None = None,
     deadline: float | None = None,
+    offloads_fixed_share: float = 0.0,
 ) -> CpOutcome:
     """Build and solve the CP-SAT model; every solution goes to ``on_solution``.
 
@@ -329,10 +330,88 @@ def solve_cpsat(
     microbatches within that distance (None: all); with a window the bound is not valid.
     ``deadline`` (a ``time.perf_counter()`` value) caps the search so that the model build counts
     against it: the search's own limit is set from what is left once the model is built.
+
+    ``offloads_fixed_share``: with a hint, that share of the time first goes to the model with
+    every offload decision fixed to the hint's (only the timing is searched; ends early when
+    that is proven optimal), then the rest to the whole model, hinted with the best found. The
+    fixed search's solutions reach ``on_solution`` with a bound of 0: its bound holds only for
+    those decisions. At 4x8x1, a quarter of 1F1B's memory, copies 0.5x, it proved the
+    decisions of the round-trip rule's 47 optimal at 44 (the problem's optimum) in 8 s, where
+    the whole model stayed at 45 for 40 s.
     """
     model = _Model(problem, tm, horizon, lower_bound, tight, window)
     if hint is not None:
         model.add_hint(*hint)
+    t_built = time.perf_counter()
+    if deadline is not None:
+        time_limit = min(time_limit, deadline - t_built)
+    fixed: CpOutcome | None = None
+    if offloads_fixed_share > 0 and hint is not None and model.offload:
+        offloaded = hint[1]
+        for sj, o in model.offload.items():
+            o.proto.domain[0] = o.proto.domain[1] = int(sj in offloaded)
+
+        def no_bound(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, _b: int) -> None:
+            if on_solution is not None:
+                on_solution(starts, ends, obj, 0)
+
+        fixed = _search(
+            model,
+            time_limit=offloads_fixed_share * time_limit,
+            gap_target=gap_target,
+            seed=seed,
+            workers=workers,
+            on_solution=no_bound,
+            stop=stop,
+            deterministic_time=None
+            if deterministic_time is None
+            else offloads_fixed_share * deterministic_time,
+            tight=tight,
+        )
+        for o in model.offload.values():
+            o.proto.domain[0], o.proto.domain[1] = 0, 1
+        # its status, like its bound, holds for the fixed decisions only
+        fixed.bound = None
+        fixed.status = "feasible" if fixed.starts else "unknown"
+        if fixed.starts:
+            model.model.clear_hints()
+            model.add_hint(
+                fixed.starts, {(s, c, j) for op, s, c, j in fixed.starts if op == "OFFLOAD"}
+            )
+        time_limit -= time.perf_counter() - t_built
+        if stop is not None and stop.is_set():
+            return fixed
+    out = _search(
+        model,
+        time_limit=time_limit,
+        gap_target=gap_target,
+        seed=seed,
+        workers=workers,
+        on_solution=on_solution,
+        stop=stop,
+        deterministic_time=deterministic_time,
+        tight=tight,
+    )
+    if fixed is not None and fixed.starts and not out.starts:
+        # the whole model found nothing in its time: the fixed search's last solution stands
+        out.status, out.objective = "feasible", fixed.objective
+        out.starts, out.ends = fixed.starts, fixed.ends
+    return out
+
+
+def _search(
+    model: _Model,
+    *,
+    time_limit: float,
+    gap_target: float,
+    seed: int,
+    workers: int,
+    on_solution: SolutionFn | None,
+    stop: threading.Event | None,
+    deterministic_time: float | None,
+    tight: bool,
+) -> CpOutcome:
+    """One CP-SAT search of ``model`` for at most ``time_limit`` seconds."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.max_time_in_seconds = max(0.01, time_limit)
@@ -350,10 +429,6 @@ def solve_cpsat(
     prm.relative_gap_limit = max(0.0, gap_target)
     if deterministic_time is not None:
         prm.max_deterministic_time = deterministic_time
-    if deadline is not None:
-        prm.max_time_in_seconds = max(
-            0.01, min(prm.max_time_in_seconds, deadline - time.perf_counter())
-        )
     cb = _Callback(model, on_solution)
     code = solve_stoppable(solver, model.model, cb, stop)
     status = {
