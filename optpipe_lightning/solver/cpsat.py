@@ -13,6 +13,7 @@ order. The objective is the makespan.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -345,6 +346,9 @@ def solve_cpsat(
     t_built = time.perf_counter()
     if deadline is not None:
         time_limit = min(time_limit, deadline - t_built)
+    search = functools.partial(
+        _search, model, gap_target=gap_target, seed=seed, workers=workers, stop=stop, tight=tight
+    )
     fixed: CpOutcome | None = None
     if offloads_fixed_share > 0 and hint is not None and model.offload:
         offloaded = hint[1]
@@ -355,18 +359,12 @@ def solve_cpsat(
             if on_solution is not None:
                 on_solution(starts, ends, obj, 0)
 
-        fixed = _search(
-            model,
+        fixed = search(
             time_limit=offloads_fixed_share * time_limit,
-            gap_target=gap_target,
-            seed=seed,
-            workers=workers,
             on_solution=no_bound,
-            stop=stop,
             deterministic_time=None
             if deterministic_time is None
             else offloads_fixed_share * deterministic_time,
-            tight=tight,
         )
         for o in model.offload.values():
             o.proto.domain[0], o.proto.domain[1] = 0, 1
@@ -381,16 +379,8 @@ def solve_cpsat(
         time_limit -= time.perf_counter() - t_built
         if stop is not None and stop.is_set():
             return fixed
-    out = _search(
-        model,
-        time_limit=time_limit,
-        gap_target=gap_target,
-        seed=seed,
-        workers=workers,
-        on_solution=on_solution,
-        stop=stop,
-        deterministic_time=deterministic_time,
-        tight=tight,
+    out = search(
+        time_limit=time_limit, on_solution=on_solution, deterministic_time=deterministic_time
     )
     if fixed is not None and fixed.starts and not out.starts:
         # the whole model found nothing in its time: the fixed search's last solution stands
