@@ -638,6 +638,19 @@ def _stop_at(at: float, stop: threading.Event | None) -> tuple[threading.Event, 
     return fire, done
 
 
+def backend_bounds_hold(problem: Problem, tm: TickModel) -> bool:
+    """Whether the exact backends' bounds and proofs hold for every schedule of the problem.
+
+    They need exact ticks (``TickModel.exact``), and their models run every backward as B then
+    W: where a fused BW is cheaper than B + W somewhere, a schedule with fused backwards can
+    beat their optimum, so their bound proves nothing (their solutions stay valid schedules).
+    """
+    if not tm.exact:
+        return False
+    t_b, t_w, t_bw = problem.cost("t_b"), problem.cost("t_w"), problem.cost("t_bw")
+    return not bool((t_bw < (t_b + t_w) * (1 - 1e-9)).any())
+
+
 def _run_backend(
     used: str,
     problem: Problem,
@@ -709,11 +722,14 @@ def _run_backend(
         with budget.phase("extraction"):
             best.offer(schedule_from_ticks(problem, tm, starts, ends, used, moves), used)
 
+    proves = backend_bounds_hold(problem, tm)
+
     def on_solution(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, bnd: int) -> None:
         pending.clear()
         seen.add(obj)
         if tm.exact:
-            best.raise_bound(bnd * tm.tick)
+            if proves:
+                best.raise_bound(bnd * tm.tick)
             # a relaxed solution may still time better in the simulator than its objective
             # says only if it is infeasible there; an exact one never does
             if obj * tm.tick >= best.makespan * (1 - _REL):
@@ -780,7 +796,7 @@ def _run_backend(
             extract(p_starts, p_ends)
         else:
             budget.skip(f"{used}'s last solution (objective {p_obj} ticks) not extracted")
-    if not tm.exact:
+    if not proves:
         return False
     if bnd is not None:
         best.raise_bound(bnd * tm.tick)
