@@ -25,15 +25,18 @@ def brute_problem(
     limit: float | None = None,
     offload: bool = False,
     bandwidth: float = 4.0,
+    t_bw: float | None = None,
 ) -> Problem:
     """F = 1, B = 2, W = ``t_w``, p2p 0.5; activation 2 (B frees half, W the rest); copies of the
-    whole activation at ``bandwidth`` (4: half an F) when ``offload``."""
+    whole activation at ``bandwidth`` (4: half an F) when ``offload``; a fused backward of
+    ``t_bw`` (None: B + W)."""
     return Problem(
         num_stages=p,
         num_microbatches=m,
         t_f=1.0,
         t_b=2.0,
         t_w=t_w,
+        t_bw=t_bw,
         t_comm=0.5,
         m_f=2.0,
         m_b=-1.0,

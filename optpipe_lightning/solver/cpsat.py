@@ -7,8 +7,11 @@ hop, W after B. Where memory is limited and offload allowed, a Boolean ``o`` per
 optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B after RELOAD). Memory
 per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
 m_w at W end, -bytes at OFFLOAD end and +bytes at RELOAD start when ``o``; events at one instant
-net out, as in the simulator. Symmetry breaking: ops of one kind on one group run in microbatch
-order. The objective is the makespan.
+net out, as in the simulator. Where a fused backward is cheaper than B then W
+(``ticks.fusable``), a Boolean per backward chooses: B lasts t_bw and W nothing, right at B's end
+(one BW op, freeing m_b and m_w at its end), or B then W as usual. Symmetry breaking: ops of one
+kind on one group run in microbatch order (W's only among the split ones: a fused W is pinned to
+its BW). The objective is the makespan.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from ..schedule.problem import Problem
-from .ticks import OpKey, TickModel
+from .ticks import OpKey, TickModel, fusable
 
 SolutionFn = Callable[[dict[OpKey, int], dict[OpKey, int], int, int], None]
+
+# offer the fused-or-split choice where fusing can pay (module doc); False gives the split-only
+# model of before (``benchmarks/bench_fused.py`` compares the two)
+FUSE_BACKWARDS = True
 
 
 @dataclass
@@ -109,6 +116,15 @@ class _Model:
         use_off = pb.offload is not None and any(x is not None for x in limits)
         self.start: dict[OpKey, cp_model.IntVar] = {}
         self.dur: dict[OpKey, int] = {}
+        # where fusing pays (``ticks.fusable``), each backward is a BW (``fused`` true: B lasts
+        # t_bw and W none, right at its end) or B then W; ``end`` holds every op's end
+        self.fused: dict[tuple[int, int, int], cp_model.IntVar] = {}
+        self.end: dict[OpKey, cp_model.LinearExprT] = {}
+        fuse = {
+            (s, c)
+            for s, c in (fusable(pb) if FUSE_BACKWARDS else ())
+            if tm.duration("BW", s, c) < tm.duration("B", s, c) + tm.duration("W", s, c)
+        }
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
         chan = pb.channel_of()
@@ -123,6 +139,7 @@ class _Model:
         res_active: list[list[cp_model.LiteralT]] = [[] for _ in range(p)]
         ms = md.new_int_var(lb, horizon, "makespan")
         self.makespan = ms
+        self.horizon = horizon
         deps: dict[OpKey, list[tuple[OpKey, int]]] = {}
         self.deps = deps
         for g in range(G):
@@ -131,10 +148,20 @@ class _Model:
                 for op in ("F", "B", "W"):
                     d = tm.duration(op, s, c)
                     key = (op, s, c, j)
-                    x = md.new_int_var(0, max(0, horizon - d), f"{op}{s}.{c}.{j}")
+                    # a fused W lasts nothing (at its BW's end), a fused B lasts t_bw
+                    least = (
+                        {"B": min(d, tm.duration("BW", s, c)), "W": 0}.get(op, d)
+                        if (s, c) in fuse
+                        else d
+                    )
+                    x = md.new_int_var(0, max(0, horizon - least), f"{op}{s}.{c}.{j}")
                     self.start[key] = x
                     self.dur[key] = d
-                    dev_iv[s].append(md.new_fixed_size_interval_var(x, d, f"i{op}{s}.{c}.{j}"))
+                    self.end[key] = x + d
+                    if (s, c) not in fuse:
+                        dev_iv[s].append(md.new_fixed_size_interval_var(x, d, f"i{op}{s}.{c}.{j}"))
+                if (s, c) in fuse:
+                    self._add_fusable(md, dev_iv[s], s, c, j)
         for g in range(G):
             s, c = table[g]
             lag_in = (
@@ -152,11 +179,7 @@ class _Model:
                     self.start[("B", s, c, j)],
                     self.start[("W", s, c, j)],
                 )
-                df, db, dw = (
-                    self.dur[("F", s, c, j)],
-                    self.dur[("B", s, c, j)],
-                    self.dur[("W", s, c, j)],
-                )
+                df = self.dur[("F", s, c, j)]
                 kF, kB, kW = ("F", s, c, j), ("B", s, c, j), ("W", s, c, j)
                 deps[kF], deps[kB], deps[kW] = [], [(kF, 0)], [(kB, 0)]
                 if g > 0:
@@ -166,20 +189,24 @@ class _Model:
                 md.add(F + df <= B)
                 if g < G - 1:
                     ns, nc = table[g + 1]
-                    md.add(
-                        self.start[("B", ns, nc, j)] + self.dur[("B", ns, nc, j)] + lag_back <= B
-                    )
+                    md.add(self.end[("B", ns, nc, j)] + lag_back <= B)
                     deps[kB].append((("B", ns, nc, j), lag_back))
-                md.add(B + db <= W)
-                md.add(ms >= W + dw)
+                md.add(self.end[kB] <= W)
+                md.add(ms >= self.end[kW])
                 if j + 1 < m:  # symmetry breaking: microbatch order per kind and group
-                    for op, d in (("F", df), ("B", db), ("W", dw)):
-                        md.add(self.start[(op, s, c, j + 1)] >= self.start[(op, s, c, j)] + d)
+                    for op in ("F", "B", "W"):
+                        order = md.add(self.start[(op, s, c, j + 1)] >= self.end[(op, s, c, j)])
+                        if op == "W" and (s, c, j) in self.fused:
+                            # a fused W sits at its BW's end: only split W's keep the order
+                            # (B then a later BW then the first W is a schedule of its own)
+                            order.only_enforce_if(
+                                ~self.fused[(s, c, j)], ~self.fused[(s, c, j + 1)]
+                            )
                 if limits[s] is not None:
                     for t, dlt in (
                         (F + df, pb.cost("m_f")[s, c]),
-                        (B + db, pb.cost("m_b")[s, c]),
-                        (W + dw, pb.cost("m_w")[s, c]),
+                        (self.end[kB], pb.cost("m_b")[s, c]),
+                        (self.end[kW], pb.cost("m_w")[s, c]),
                     ):
                         res_times[s].append(t)
                         res_deltas[s].append(mem(float(dlt)))
@@ -194,6 +221,8 @@ class _Model:
                     self.start[("RELOAD", s, c, j)] = sr
                     self.dur[("OFFLOAD", s, c, j)] = d_off
                     self.dur[("RELOAD", s, c, j)] = d_rel
+                    self.end[("OFFLOAD", s, c, j)] = so + d_off
+                    self.end[("RELOAD", s, c, j)] = sr + d_rel
                     iv_o = md.new_optional_fixed_size_interval_var(so, d_off, o, f"io{s}.{c}.{j}")
                     iv_r = md.new_optional_fixed_size_interval_var(sr, d_rel, o, f"ir{s}.{c}.{j}")
                     chan_iv.setdefault(chan[s], []).extend([iv_o, iv_r])
@@ -218,6 +247,29 @@ class _Model:
             self._add_no_voluntary_idle(window)
         md.minimize(ms)
 
+    def _add_fusable(
+        self, md: cp_model.CpModel, dev: list[cp_model.IntervalVar], s: int, c: int, j: int
+    ) -> None:
+        """F as usual; the backward either B (t_b) then W (t_w) or one BW (t_bw, W of no length
+        at its end). The ops' memory events sit at their ends, so a BW frees both at once."""
+        tm = self.tm
+        kF, kB, kW = ("F", s, c, j), ("B", s, c, j), ("W", s, c, j)
+        db, dw, dbw = (tm.duration(op, s, c) for op in ("B", "W", "BW"))
+        z = md.new_bool_var(f"z{s}.{c}.{j}")
+        self.fused[(s, c, j)] = z
+        B, W = self.start[kB], self.start[kW]
+        hi = self.horizon
+        size_b = md.new_int_var(min(db, dbw), max(db, dbw), f"dB{s}.{c}.{j}")
+        md.add(size_b == db + (dbw - db) * z)
+        end_b = md.new_int_var(0, hi, f"eB{s}.{c}.{j}")
+        end_w = md.new_int_var(0, hi, f"eW{s}.{c}.{j}")
+        md.add(end_w == W + dw - dw * z)
+        self.end[kB], self.end[kW] = end_b, end_w
+        dev.append(md.new_fixed_size_interval_var(self.start[kF], self.dur[kF], f"iF{s}.{c}.{j}"))
+        dev.append(md.new_interval_var(B, size_b, end_b, f"iB{s}.{c}.{j}"))
+        dev.append(md.new_optional_fixed_size_interval_var(W, dw, ~z, f"iW{s}.{c}.{j}"))
+        md.add(end_b == W).only_enforce_if(z)
+
     def _active(self, key: OpKey) -> cp_model.IntVar | None:
         op, s, c, j = key
         return self.offload[(s, c, j)] if op in ("OFFLOAD", "RELOAD") else None
@@ -233,9 +285,7 @@ class _Model:
                 if a is None:
                     md.add(self.start[key] == 0).only_enforce_if(lit)
                 else:
-                    md.add(self.start[key] == self.start[a] + self.dur[a] + lag).only_enforce_if(
-                        lit
-                    )
+                    md.add(self.start[key] == self.end[a] + lag).only_enforce_if(lit)
                     act = self._active(a)
                     if act is not None:
                         md.add_implication(lit, act)
@@ -248,7 +298,17 @@ class _Model:
                 md.add_bool_or(lits).only_enforce_if(act)
 
     def add_hint(self, starts: dict[OpKey, int], offloaded: set[tuple[int, int, int]]) -> None:
+        """Hint a solution: tick starts of every op (a fused backward as a ``BW`` key, or as B
+        and W) and the offloaded activations."""
         md = self.model
+        starts, fused = self._split_fused(starts)
+        ends: dict[OpKey, int] = {}
+        for key, st in starts.items():
+            op, s, c, j = key
+            if (s, c, j) in fused and op in ("B", "W"):
+                ends[key] = starts[("B", s, c, j)] + self.tm.duration("BW", s, c)
+            else:
+                ends[key] = st + self.tm.duration(op, s, c)
         mk = 0
         for key, var in self.start.items():
             op, s, c, j = key
@@ -256,10 +316,12 @@ class _Model:
                 val = starts.get(key, 0) if (s, c, j) in offloaded else 0
             else:
                 val = starts[key]
-                mk = max(mk, val + self.dur[key])
+                mk = max(mk, ends[key])
             md.add_hint(var, val)
         for sj, o in self.offload.items():
             md.add_hint(o, sj in offloaded)
+        for sj, z in self.fused.items():
+            md.add_hint(z, sj in fused)
         md.add_hint(self.makespan, mk)
 
         def on(k: OpKey) -> bool:
@@ -269,25 +331,47 @@ class _Model:
             if a is None:
                 val = on(b) and starts.get(b, -1) == 0
             else:
-                val = (
-                    on(a)
-                    and on(b)
-                    and b in starts
-                    and a in starts
-                    and starts[b] == starts[a] + self.dur[a] + lag
-                )
+                val = on(a) and on(b) and b in starts and a in ends and starts[b] == ends[a] + lag
             md.add_hint(lit, bool(val))
+
+    def _split_fused(
+        self, starts: dict[OpKey, int]
+    ) -> tuple[dict[OpKey, int], set[tuple[int, int, int]]]:
+        """Starts with every ``BW`` key as B (its start) and W (at its end), and the fused ones
+        the model can fuse (elsewhere a BW becomes B then W, and W starts after B's t_b)."""
+        out: dict[OpKey, int] = {}
+        fused: set[tuple[int, int, int]] = set()
+        for key, st in starts.items():
+            op, s, c, j = key
+            if op != "BW":
+                out[key] = st
+                continue
+            out[("B", s, c, j)] = st
+            if (s, c, j) in self.fused:
+                fused.add((s, c, j))
+                out[("W", s, c, j)] = st + self.tm.duration("BW", s, c)
+            else:
+                out[("W", s, c, j)] = st + self.tm.duration("B", s, c)
+        return out, fused
 
     def values(
         self, get: Callable[[cp_model.IntVar], int], get_bool: Callable[[cp_model.IntVar], bool]
     ) -> tuple[dict[OpKey, int], dict[OpKey, int]]:
+        """Tick starts and ends of the solution's ops: chosen transfers only, and a fused
+        backward as one ``BW`` op (no B or W key)."""
         starts: dict[OpKey, int] = {}
         ends: dict[OpKey, int] = {}
+        fused = {sj for sj, z in self.fused.items() if get_bool(z)}
         for key, var in self.start.items():
             op, s, c, j = key
             if op in ("OFFLOAD", "RELOAD") and not get_bool(self.offload[(s, c, j)]):
                 continue
             st = int(get(var))
+            if (s, c, j) in fused and op in ("B", "W"):
+                if op == "B":
+                    starts[("BW", s, c, j)] = st
+                    ends[("BW", s, c, j)] = st + self.tm.duration("BW", s, c)
+                continue
             starts[key] = st
             ends[key] = st + self.dur[key]
         return starts, ends

@@ -17,7 +17,7 @@ from ..schedule.schedule import Action
 from ..schedule.simulator import SimResult, simulate
 from .ticks import OpKey
 
-_COMPUTE_RANK = {"W": 0, "B": 1, "F": 2}  # zero-length W first at equal starts
+_COMPUTE_RANK = {"W": 0, "B": 1, "BW": 1, "F": 2}  # zero-length W first at equal starts
 
 
 def actions_from_times(

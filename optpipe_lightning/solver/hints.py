@@ -9,13 +9,14 @@ from .ticks import OpKey, TickModel
 
 
 def tick_times(
-    problem: Problem, schedule: Schedule, tm: TickModel
+    problem: Problem, schedule: Schedule, tm: TickModel, keep_fused: bool = False
 ) -> tuple[dict[OpKey, int], set[tuple[int, int, int]], int] | None:
     """(tick start of every op, offloaded activations, tick makespan) of a schedule.
 
     Exact ticks: the simulated times divided by the tick. Otherwise the simulated order is
     re-timed ASAP with the (rounded-up) tick durations, so the hint keeps every precedence.
-    A schedule with fused BW ops is split into B then W.
+    A schedule with fused BW ops is split into B then W, unless ``keep_fused`` (for CP-SAT,
+    whose model can fuse) and the ticks are exact: then each stays one ``BW`` key.
     """
     res = simulate(problem, schedule)
     if not res.feasible or res.timeline is None:
@@ -29,7 +30,7 @@ def tick_times(
     for s, row in enumerate(tl.actions):
         for i, a in enumerate(row):
             st, en = float(tl.start[s][i]), float(tl.end[s][i])
-            if a.op == "BW":
+            if a.op == "BW" and not (keep_fused and tm.exact):
                 mid = st + float(pb.cost("t_b")[s, a.chunk])
                 items.append((st, mid, "B", s, a.chunk, a.mb))
                 items.append((mid, en, "W", s, a.chunk, a.mb))
@@ -80,6 +81,6 @@ def tick_times(
             starts[(op, s, c, j)] = t
             ends[(op, s, c, j)] = e
     makespan = max(
-        starts[k] + tm.duration(k[0], k[1], k[2]) for k in starts if k[0] in ("F", "B", "W")
+        starts[k] + tm.duration(k[0], k[1], k[2]) for k in starts if k[0] in ("F", "B", "W", "BW")
     )
     return starts, offloaded, makespan

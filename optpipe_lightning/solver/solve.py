@@ -57,7 +57,7 @@ from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
 from .results import Incumbent, SolveResult
 from .rule_search import search_rules
-from .ticks import OpKey, TickModel, tick_model
+from .ticks import OpKey, TickModel, fusable, tick_model
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
 # largest tight CP-SAT model (estimated literals) before the relaxation is used instead
@@ -638,17 +638,22 @@ def _stop_at(at: float, stop: threading.Event | None) -> tuple[threading.Event, 
     return fire, done
 
 
-def backend_bounds_hold(problem: Problem, tm: TickModel) -> bool:
-    """Whether the exact backends' bounds and proofs hold for every schedule of the problem.
+def backend_bounds_hold(problem: Problem, tm: TickModel, backend: str = "cpsat") -> bool:
+    """Whether a backend's bounds and proofs hold for every schedule of the problem.
 
-    They need exact ticks (``TickModel.exact``), and their models run every backward as B then
-    W: where a fused BW is cheaper than B + W somewhere, a schedule with fused backwards can
-    beat their optimum, so their bound proves nothing (their solutions stay valid schedules).
+    They need exact ticks (``TickModel.exact``). CP-SAT's model chooses fused or split for every
+    backward where fusing can pay (``ticks.fusable``). The MILPs run every backward as B then W:
+    where a fused BW is cheaper than B + W somewhere, a schedule with fused backwards can beat
+    their optimum, so their bound proves nothing there (their solutions stay valid schedules).
     """
     if not tm.exact:
         return False
-    t_b, t_w, t_bw = problem.cost("t_b"), problem.cost("t_w"), problem.cost("t_bw")
-    return not bool((t_bw < (t_b + t_w) * (1 - 1e-9)).any())
+    if backend == "cpsat":
+        from .cpsat import FUSE_BACKWARDS
+
+        if FUSE_BACKWARDS:
+            return True
+    return not fusable(problem)
 
 
 def _run_backend(
@@ -676,7 +681,7 @@ def _run_backend(
     tm = tick_model(problem, _horizon_guess(problem, best))
     hint = None
     if best.schedule is not None:
-        h = tick_times(problem, best.schedule, tm)
+        h = tick_times(problem, best.schedule, tm, keep_fused=used == "cpsat")
         if h is not None:
             hint = (h[0], h[1])
             horizon = h[2] if tm.exact else int(h[2] * 1.1) + 10
@@ -722,7 +727,7 @@ def _run_backend(
         with budget.phase("extraction"):
             best.offer(schedule_from_ticks(problem, tm, starts, ends, used, moves), used)
 
-    proves = backend_bounds_hold(problem, tm)
+    proves = backend_bounds_hold(problem, tm, used)
 
     def on_solution(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, bnd: int) -> None:
         pending.clear()

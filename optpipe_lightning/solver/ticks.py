@@ -16,7 +16,15 @@ from ..schedule.problem import Problem
 
 MAX_TICKS = 10_000_000
 
-OpKey = tuple[str, int, int, int]  # (op, stage, chunk, mb), op in F B W OFFLOAD RELOAD
+OpKey = tuple[str, int, int, int]  # (op, stage, chunk, mb), op in F B W BW OFFLOAD RELOAD
+
+
+def fusable(problem: Problem) -> set[tuple[int, int]]:
+    """The (stage, chunk)s whose fused backward (BW) is cheaper than B then W: only there can a
+    schedule gain by fusing, so only there do the solvers offer the choice."""
+    t_b, t_w, t_bw = problem.cost("t_b"), problem.cost("t_w"), problem.cost("t_bw")
+    cheaper = t_bw < (t_b + t_w) * (1 - 1e-9)
+    return {(int(s), int(c)) for s, c in zip(*cheaper.nonzero(), strict=True)}
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,8 @@ class TickModel:
     comm: list[list[int]]
     t_off: list[list[int]]
     t_rel: list[list[int]]
+    # the fused backward where it is cheaper than B + W (``fusable``); elsewhere t_b + t_w
+    t_bw: list[list[int]]
 
     def to_ticks(self, seconds: float) -> int:
         return round(seconds / self.tick)
@@ -38,6 +48,7 @@ class TickModel:
             "F": self.t_f,
             "B": self.t_b,
             "W": self.t_w,
+            "BW": self.t_bw,
             "OFFLOAD": self.t_off,
             "RELOAD": self.t_rel,
         }[op]
@@ -49,6 +60,8 @@ def _durations(problem: Problem) -> list[float]:
     out: list[float] = []
     for name in ("t_f", "t_b", "t_w", "t_comm"):
         out.extend(float(x) for x in problem.cost(name).ravel())
+    t_bw = problem.cost("t_bw")
+    out.extend(float(t_bw[s, c]) for s, c in sorted(fusable(problem)))
     if problem.offload is not None:
         for s in range(p):
             for c in range(v):
@@ -108,13 +121,24 @@ def tick_model(problem: Problem, horizon_seconds: float) -> TickModel:
         arr = problem.cost(name)
         return [[conv(float(arr[s, c])) for c in range(v)] for s in range(p)]
 
+    t_b, t_w, t_bw = table("t_b"), table("t_w"), table("t_bw")
+    fuse = fusable(problem)
+    bw = [
+        [
+            min(t_bw[s][c], t_b[s][c] + t_w[s][c]) if (s, c) in fuse else t_b[s][c] + t_w[s][c]
+            for c in range(v)
+        ]
+        for s in range(p)
+    ]
+
     return TickModel(
         tick=tick,
         exact=exact,
         t_f=table("t_f"),
-        t_b=table("t_b"),
-        t_w=table("t_w"),
+        t_b=t_b,
+        t_w=t_w,
         comm=table("t_comm"),
         t_off=[[conv(problem.offload_time(s, c)) for c in range(v)] for s in range(p)],
         t_rel=[[conv(problem.reload_time(s, c)) for c in range(v)] for s in range(p)],
+        t_bw=bw,
     )

@@ -32,37 +32,40 @@ def _merges(chains: list[list[Action]]) -> Iterator[list[Action]]:
             yield [ch[0], *tail]
 
 
-def _stage_rows(pb: Problem, fused: bool) -> list[list[Action]]:
+def _subsets(m: int) -> list[set[int]]:
+    return [set(x) for r in range(m + 1) for x in itertools.combinations(range(m), r)]
+
+
+def _stage_rows(pb: Problem, fused: bool | str) -> list[list[Action]]:
+    """``fused``: every backward a BW (True), B then W (False), or each either way ("mixed")."""
     m = pb.num_microbatches
     offloadable = pb.offload is not None and pb.memory_limit is not None
     out: list[list[Action]] = []
-    subsets = (
-        [set(x) for r in range(m + 1) for x in itertools.combinations(range(m), r)]
-        if offloadable
-        else [set()]
-    )
+    subsets = _subsets(m) if offloadable else [set()]
+    fusings = _subsets(m) if fused == "mixed" else [set(range(m)) if fused else set()]
     for sub in subsets:
-        chains = []
-        for j in range(m):
-            ch = [Action("F", j)]
-            if j in sub:
-                ch += [Action("OFFLOAD", j), Action("RELOAD", j)]
-            ch += [Action("BW", j)] if fused else [Action("B", j), Action("W", j)]
-            chains.append(ch)
-        out.extend(_merges(chains))
+        for fuse in fusings:
+            chains = []
+            for j in range(m):
+                ch = [Action("F", j)]
+                if j in sub:
+                    ch += [Action("OFFLOAD", j), Action("RELOAD", j)]
+                ch += [Action("BW", j)] if j in fuse else [Action("B", j), Action("W", j)]
+                chains.append(ch)
+            out.extend(_merges(chains))
     return out
 
 
-_CACHE: dict[tuple[str, bool], float] = {}
+_CACHE: dict[tuple[str, bool | str], float] = {}
 
 
-def exhaustive_optimum(pb: Problem, fused: bool) -> float:
+def exhaustive_optimum(pb: Problem, fused: bool | str) -> float:
     if (pb.hash, fused) not in _CACHE:
         _CACHE[(pb.hash, fused)] = _exhaustive(pb, fused)
     return _CACHE[(pb.hash, fused)]
 
 
-def _exhaustive(pb: Problem, fused: bool) -> float:
+def _exhaustive(pb: Problem, fused: bool | str) -> float:
     per_stage = [_stage_rows(pb, fused) for _ in range(pb.num_stages)]
     best = float("inf")
     for rows in itertools.product(*per_stage):
@@ -121,3 +124,40 @@ def test_slow_offload_pays_only_with_the_memory_wait() -> None:
     without offload, which is also the best when no F may wait)."""
     pb = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0)
     assert exhaustive_optimum(pb, True) == pytest.approx(13.0)
+
+
+# (memory limit, fused backward seconds): B = 2, W = 1, so BW 2.5 saves half a second
+MIXED_CASES = [
+    pytest.param(None, 2.5, id="2x2-unlimited-bw2.5"),
+    pytest.param(3.0, 2.5, id="2x2-mem1.5-bw2.5"),
+    pytest.param(2.0, 2.5, id="2x2-mem1-bw2.5"),
+    pytest.param(None, 2.0, id="2x2-unlimited-bw2"),
+]
+
+
+@pytest.mark.parametrize("limit,t_bw", MIXED_CASES)
+def test_fused_or_split_per_backward_optimum_equals_exhaustive_search(
+    limit: float | None, t_bw: float
+) -> None:
+    """Where a fused backward is cheaper, every backward may be fused or split: the search
+    tries every combination, and CP-SAT, which chooses per backward, proves the same optimum."""
+    pb = brute_problem(2, 2, t_w=1.0, limit=limit, t_bw=t_bw)
+    brute = exhaustive_optimum(pb, "mixed")
+    assert brute <= min(exhaustive_optimum(pb, True), exhaustive_optimum(pb, False)) + 1e-9
+    assert lower_bound(pb) <= brute + 1e-9
+    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
+    assert res.status == "optimal"
+    assert res.makespan == pytest.approx(brute, abs=1e-9)
+    assert res.lower_bound == pytest.approx(brute, abs=1e-9)
+    ev = simulate(pb, res.schedule).evaluation
+    assert ev.feasible and ev.makespan == pytest.approx(res.makespan, abs=1e-12)
+
+
+def test_mixing_fused_and_split_beats_both_on_a_tiny_case() -> None:
+    """The mixed search is a real one: some tiny case needs both kinds."""
+    gains = []
+    for limit in (None, 3.0, 2.0):
+        pb = brute_problem(2, 2, t_w=1.0, limit=limit, t_bw=2.5)
+        pure = min(exhaustive_optimum(pb, True), exhaustive_optimum(pb, False))
+        gains.append(pure - exhaustive_optimum(pb, "mixed"))
+    assert max(gains) > 0.25

@@ -1,16 +1,19 @@
-"""The exact backends model every backward as B then W: where a fused BW is cheaper, their bound
-and "optimal" hold for split schedules only, and ``solve`` must not report them."""
+"""Fused or split backward, per backward: where a fused BW is cheaper than B then W, CP-SAT's
+model chooses for each one (so its bound and "optimal" hold for every schedule); the MILPs run
+every backward as B then W, so there ``solve`` does not report their bound."""
 
 from __future__ import annotations
+
+import pytest
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.solver import lower_bound, solve
 from optpipe_lightning.solver.solve import backend_bounds_hold
-from optpipe_lightning.solver.ticks import tick_model
+from optpipe_lightning.solver.ticks import fusable, tick_model
 
 
-def _fused_cheaper(t_bw: float = 1.2) -> Problem:
+def _fused_cheaper(t_bw: float = 1.2, limit: float | None = None) -> Problem:
     return Problem(
         name="fused cheaper",
         num_stages=4,
@@ -23,25 +26,55 @@ def _fused_cheaper(t_bw: float = 1.2) -> Problem:
         m_f=1.0,
         m_b=-0.5,
         m_w=-0.5,
+        memory_limit=limit,
     )
 
 
-def test_a_split_only_search_claims_no_proof_where_fused_is_cheaper() -> None:
-    pb = _fused_cheaper()
-    # without the baselines, every schedule found runs B then W; GPipe with fused backwards
-    # (F + BW = 2.2 per microbatch and stage, against 3 split) is faster than all of them
-    res = solve(pb, backend="cpsat", time_limit=5.0, workers=1, seed=0, use_baselines=False)
-    fused = simulate(pb, generate("gpipe", pb))
-    assert fused.feasible and fused.makespan is not None
-    assert fused.makespan < res.makespan - 1e-9
-    assert res.status != "optimal"
-    assert res.lower_bound <= fused.makespan + 1e-9
-    assert res.lower_bound == lower_bound(pb)  # the cheap arguments, which cover fused ops
+def _ops(res_actions: list[list[object]]) -> set[str]:
+    return {a.op for row in res_actions for a in row}  # type: ignore[attr-defined]
 
 
-def test_backend_bounds_hold_only_without_a_cheaper_fused_backward() -> None:
+@pytest.mark.parametrize(
+    "t_bw,limit,expected",
+    [
+        # every schedule split: 27 (ZB); every one fused: GPipe 24.2. Mixed: 23.2
+        (1.2, None, 23.2),
+        # split 27, fused 28.6 (GPipe, 1F1B): mixed 25.4
+        (1.6, None, 25.4),
+        # three activations: split 31 (GPipe does not fit); mixed 29
+        (1.6, 3.0, 29.0),
+    ],
+)
+def test_cpsat_mixes_fused_and_split_backwards_and_proves_it(
+    t_bw: float, limit: float | None, expected: float
+) -> None:
+    pb = _fused_cheaper(t_bw, limit)
+    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
+    assert res.status == "optimal"
+    assert res.makespan == pytest.approx(expected, abs=1e-9)
+    assert _ops(res.schedule.actions) >= {"B", "W", "BW"}  # both kinds in one schedule
+    ev = simulate(pb, res.schedule).evaluation
+    assert ev.feasible and ev.makespan == pytest.approx(res.makespan, abs=1e-12)
+    assert lower_bound(pb) <= res.makespan + 1e-9
+    for name in ("gpipe", "1f1b"):
+        base = simulate(pb, generate(name, pb))
+        if base.feasible:
+            assert base.makespan is not None and res.makespan <= base.makespan + 1e-9
+
+
+def test_where_fusing_cannot_pay_nothing_is_fused() -> None:
+    pb = _fused_cheaper(t_bw=2.0)  # BW = B + W
+    assert not fusable(pb)
+    res = solve(pb, backend="cpsat", time_limit=10, workers=1, seed=0, use_baselines=False)
+    assert res.status == "optimal" and res.makespan == pytest.approx(27.0)
+    assert "BW" not in _ops(res.schedule.actions)
+
+
+def test_backend_bounds_hold_for_cpsat_and_for_the_milps_only_without_a_cheaper_fused_one() -> None:
     tm = tick_model(_fused_cheaper(), 100.0)
-    assert tm.exact
-    assert not backend_bounds_hold(_fused_cheaper(), tm)
-    assert backend_bounds_hold(_fused_cheaper(t_bw=2.0), tm)  # BW = B + W: fused never pays
-    assert backend_bounds_hold(_fused_cheaper(t_bw=2.5), tm)
+    assert tm.exact and tm.t_bw == [[6]] * 4  # BW 1.2 s at a tick of 0.2 s
+    assert backend_bounds_hold(_fused_cheaper(), tm, "cpsat")
+    for milp in ("highs", "gurobi"):
+        assert not backend_bounds_hold(_fused_cheaper(), tm, milp)
+        assert backend_bounds_hold(_fused_cheaper(t_bw=2.0), tm, milp)  # fusing never pays
+        assert backend_bounds_hold(_fused_cheaper(t_bw=2.5), tm, milp)
