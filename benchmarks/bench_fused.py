@@ -1,13 +1,15 @@
 """Fused or split backward per backward, where a fused BW is cheaper than B then W (issue 3).
 
 Measured profiles often have one: the Lightning strategy records ``t_bw`` next to ``t_b`` and
-``t_w``. The CP-SAT model then chooses, per backward, one BW op or B then W
-(``cpsat.FUSE_BACKWARDS``); before, it ran every backward split, and fused schedules came only
-from the baselines (GPipe, 1F1B), so its bound proved nothing there.
+``t_w``. The solver then fuses B, W pairs of its best list schedule where that is faster
+(``fusing``), and CP-SAT's model chooses, per backward, one BW op or B then W. Before, every
+schedule it built ran every backward split, fused ones came only from the baselines (GPipe,
+1F1B), and CP-SAT's bound proved nothing there.
 
-For each instance this runs ``solve`` twice, side by side: with the choice (``fused choice``)
-and with the split-only model (``split only``), and reports each one's makespan, status and
-gap, how many backwards the first one fuses, and the best baseline. Costs as in
+For each instance this runs ``solve`` twice, side by side: with fusing (``fused choice``) and
+with the split-only solver of before (``split only``, ``fusing.FUSE_BACKWARDS = False``), and
+reports each one's makespan, status and gap, how many backwards the first one fuses, and the
+best baseline. Costs as in
 ``bench_solver.py`` (F = B = W = 1 s per stage, split over chunks), with ``t_bw`` = ``--bw``
 times ``t_b + t_w``.
 
@@ -25,7 +27,7 @@ from bench_solver import make_problem
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import BASELINE_NAMES, generate
-from optpipe_lightning.solver import SolveResult, cpsat, solve
+from optpipe_lightning.solver import SolveResult, fusing, solve
 
 
 @dataclass
@@ -72,11 +74,11 @@ def run(spec: tuple[int, int, int, float | None, float], bw: float, limit: float
     name = f"{p}x{m}x{v}, {'unlimited' if mem is None else f'{mem:g}p'}, {copy:g}x"
     out = []
     for fuse in (True, False):
-        cpsat.FUSE_BACKWARDS = fuse
+        fusing.FUSE_BACKWARDS = fuse
         t0 = time.perf_counter()
         res = solve(pb, time_limit=limit, workers=2, seed=0)
         out.append((res, time.perf_counter() - t0))
-    cpsat.FUSE_BACKWARDS = True
+    fusing.FUSE_BACKWARDS = True
     return Row(name, bw, out[0][0], out[0][1], out[1][0], out[1][1], best_baseline(pb))
 
 

@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from ..schedule.problem import Problem
+from . import fusing
 from .ticks import OpKey, TickModel, fusable
 
 SolutionFn = Callable[[dict[OpKey, int], dict[OpKey, int], int, int], None]
-
-# offer the fused-or-split choice where fusing can pay (module doc); False gives the split-only
-# model of before (``benchmarks/bench_fused.py`` compares the two)
-FUSE_BACKWARDS = True
 
 
 @dataclass
@@ -122,7 +119,7 @@ class _Model:
         self.end: dict[OpKey, cp_model.LinearExprT] = {}
         fuse = {
             (s, c)
-            for s, c in (fusable(pb) if FUSE_BACKWARDS else ())
+            for s, c in (fusable(pb) if fusing.FUSE_BACKWARDS else ())
             if tm.duration("BW", s, c) < tm.duration("B", s, c) + tm.duration("W", s, c)
         }
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
@@ -409,6 +406,7 @@ def solve_cpsat(
     window: int | None = None,
     deadline: float | None = None,
     offloads_fixed_share: float = 0.0,
+    fused_fixed_share: float = 0.0,
 ) -> CpOutcome:
     """Build and solve the CP-SAT model; every solution goes to ``on_solution``.
 
@@ -428,6 +426,11 @@ def solve_cpsat(
     those decisions. At 4x8x1, a quarter of 1F1B's memory, copies 0.5x, it proved the
     decisions of the round-trip rule's 47 optimal at 44 (the problem's optimum) in 8 s, where
     the whole model stayed at 45 for 40 s.
+
+    ``fused_fixed_share``: the same for the fused-or-split choices (where the model has them),
+    fixed to the hint's; with both shares, both are fixed for the larger one. The choice makes the
+    backward intervals variable, and the whole model searched worse from a split hint at 8x32x2
+    (half the memory, copies 0.5x, BW 0.8 x (B + W): 103.2 against 101.5 split only, in 30 s).
     """
     model = _Model(problem, tm, horizon, lower_bound, tight, window)
     if hint is not None:
@@ -439,23 +442,29 @@ def solve_cpsat(
         _search, model, gap_target=gap_target, seed=seed, workers=workers, stop=stop, tight=tight
     )
     fixed: CpOutcome | None = None
-    if offloads_fixed_share > 0 and hint is not None and model.offload:
-        offloaded = hint[1]
-        for sj, o in model.offload.items():
-            o.proto.domain[0] = o.proto.domain[1] = int(sj in offloaded)
+    fix_off = offloads_fixed_share > 0 and hint is not None and bool(model.offload)
+    fix_fuse = fused_fixed_share > 0 and hint is not None and bool(model.fused)
+    share = max(offloads_fixed_share if fix_off else 0.0, fused_fixed_share if fix_fuse else 0.0)
+    if share > 0 and hint is not None:
+        if fix_off:
+            offloaded = hint[1]
+            for sj, o in model.offload.items():
+                o.proto.domain[0] = o.proto.domain[1] = int(sj in offloaded)
+        if fix_fuse:
+            fused = model._split_fused(hint[0])[1]
+            for sj, z in model.fused.items():
+                z.proto.domain[0] = z.proto.domain[1] = int(sj in fused)
 
         def no_bound(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, _b: int) -> None:
             if on_solution is not None:
                 on_solution(starts, ends, obj, 0)
 
         fixed = search(
-            time_limit=offloads_fixed_share * time_limit,
+            time_limit=share * time_limit,
             on_solution=no_bound,
-            deterministic_time=None
-            if deterministic_time is None
-            else offloads_fixed_share * deterministic_time,
+            deterministic_time=None if deterministic_time is None else share * deterministic_time,
         )
-        for o in model.offload.values():
+        for o in [*model.offload.values(), *model.fused.values()]:
             o.proto.domain[0], o.proto.domain[1] = 0, 1
         # its status, like its bound, holds for the fixed decisions only
         fixed.bound = None

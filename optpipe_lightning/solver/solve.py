@@ -4,10 +4,13 @@ Pipeline: check the memory limit (clear error below what any schedule can fit); 
 offload-aware list schedulers, a local search over their parameters from the best ones
 (``rule_search``), the offload repair, the user's hint and the baselines; where copies are as slow
 as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
-state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; keep the best the
-simulator accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi
-(when its licence allows) or HiGHS searches with that hint (CP-SAT's exact model first for
-``OFFLOADS_FIXED_SHARE`` of its time with the hint's offload decisions fixed). Every solution a
+state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
+backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
+most ``FUSING_SHARE`` of the limit); keep the best the simulator accepts (first incumbent,
+fallback, hint and horizon); then CP-SAT (default), Gurobi (when its licence allows) or HiGHS
+searches with that hint (CP-SAT's exact model first for ``OFFLOADS_FIXED_SHARE`` of its time with
+the hint's offload decisions fixed, and where it may fuse, ``FUSED_FIXED_SHARE`` with the hint's
+fused-or-split choices fixed). Every solution a
 backend reports is turned into action lists and re-evaluated by the one simulator; only the
 simulator's makespan is reported.
 
@@ -42,7 +45,7 @@ from ..schedule.bounds import lower_bound
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import evaluate
-from . import periodic
+from . import fusing, periodic
 from .extract import actions_from_times, repair
 from .feasibility import (
     check_memory_limit,
@@ -50,6 +53,7 @@ from .feasibility import (
     minimal_memory_schedule,
     smallest_feasible_limit,
 )
+from .fusing import fuse_where_faster
 from .heuristics import ListRule, default_rules, run_rule
 from .hints import tick_times
 from .licence import RESTRICTED_MAX_CONSTRS, RESTRICTED_MAX_VARS, gurobi_license_status
@@ -80,6 +84,12 @@ PERIODIC_SHARE = 0.75
 # share of its time (``cpsat.solve_cpsat``), then the whole model. Not the relaxation: there it
 # made no difference beyond noise at 8x32 and slowed a proof at 4x8x2 (0.5p 0.5x: 42 s, not 5 s)
 OFFLOADS_FIXED_SHARE = 0.25
+# where CP-SAT may fuse backwards, it first searches with the hint's fused-or-split choices fixed
+# for this share of its time, then with them free (``cpsat.solve_cpsat``)
+FUSED_FIXED_SHARE = 0.5
+# at most this share of the time limit goes to fusing B, W pairs of the best schedule before the
+# backend (``fusing``: one simulation per stage)
+FUSING_SHARE = 0.05
 # CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
 # ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
 # with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
@@ -434,6 +444,13 @@ def solve(
         with budget.phase("periodic"):
             _run_periodic(problem, best, budget, seed, workers, stop)
 
+    if best.schedule is not None and fusable(problem) and not stopped() and gap_open():
+        # the rules and patterns run every backward split: fuse B, W pairs where that is faster
+        with budget.phase("fusing"):
+            until = min(budget.end, time.perf_counter() + FUSING_SHARE * budget.limit)
+            source = best.source
+            best.offer(fuse_where_faster(problem, best.schedule, until), f"fused:{source}")
+
     used, message = _choose_backend(problem, backend, best, message)
 
     proven_optimal = False
@@ -648,11 +665,8 @@ def backend_bounds_hold(problem: Problem, tm: TickModel, backend: str = "cpsat")
     """
     if not tm.exact:
         return False
-    if backend == "cpsat":
-        from .cpsat import FUSE_BACKWARDS
-
-        if FUSE_BACKWARDS:
-            return True
+    if backend == "cpsat" and fusing.FUSE_BACKWARDS:
+        return True
     return not fusable(problem)
 
 
@@ -769,6 +783,7 @@ def _run_backend(
                 tight=tight,
                 deadline=t_stop,
                 offloads_fixed_share=OFFLOADS_FIXED_SHARE if tight else 0.0,
+                fused_fixed_share=FUSED_FIXED_SHARE,
             )
             status, obj, bnd = out.status, out.objective, out.bound
             starts, ends = out.starts, out.ends
