@@ -78,8 +78,19 @@ def test_result_is_the_simulators_and_incumbents_improve() -> None:
         _pb(4, 8, limit=2.0),
         _pb(4, 8, v=2, limit=2.0),
         _pb(4, 8, v=2, limit=None, offload=False, placement="interleaved"),
+        # a fused backward 0.75 x (B + W): the baselines' BW against the solver's fused choice
+        _pb(4, 8, limit=None, offload=False).with_changes(t_bw=1.5),
+        _pb(4, 8, v=2, limit=2.0).with_changes(t_bw=0.75),
     ],
-    ids=["unlimited", "mem4-no-offload", "mem2-offload", "vshape-mem2-offload", "interleaved"],
+    ids=[
+        "unlimited",
+        "mem4-no-offload",
+        "mem2-offload",
+        "vshape-mem2-offload",
+        "interleaved",
+        "fused-cheaper",
+        "fused-cheaper-vshape-mem2-offload",
+    ],
 )
 def test_never_slower_than_any_feasible_baseline_or_heuristic(pb: Problem) -> None:
     res = solve(pb, time_limit=5, workers=1, seed=0, deterministic_time=5.0)
