@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from bench_problems import bench_problem
 
@@ -9,7 +11,13 @@ import optpipe_lightning.solver.rule_search as rs
 from optpipe_lightning.schedule import Problem, Schedule, evaluate
 from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.heuristics import ListRule, default_rules, run_rule
-from optpipe_lightning.solver.rule_search import _key, neighbours, rule_label, search_rules
+from optpipe_lightning.solver.rule_search import (
+    _key,
+    neighbours,
+    pair_moves,
+    rule_label,
+    search_rules,
+)
 
 _pb = bench_problem
 
@@ -21,7 +29,14 @@ def test_neighbours_change_one_parameter_and_say_so_in_their_name() -> None:
     keys = {_key(n) for n in nbs}
     assert len(keys) == len(nbs) and _key(rule) not in keys
     assert {n.reload_lead for n in nbs} == {1, 2, 3}
-    assert {n.inflight for n in nbs} == {0.75, 1.0, 1.25, 1.5}
+    assert {round(n.inflight, 6) for n in nbs if n.inflight is not None} == {
+        0.75,
+        0.9,
+        1.0,
+        1.1,
+        1.25,
+        1.5,
+    }
     assert any(n.wait for n in nbs) and any(n.offload == "lazy" for n in nbs)
     for n in nbs:
         assert n.name == rule_label(n)
@@ -34,6 +49,22 @@ def test_neighbours_change_one_parameter_and_say_so_in_their_name() -> None:
     assert all(n.offload == "none" for n in neighbours(fitted, pb))  # no copies to tune
     one_chunk = _pb(4, 8, 1, 0.5, 0.5)
     assert not any(n.reserve or n.fit for n in neighbours(rule, one_chunk))
+
+
+def test_pair_moves_step_the_depth_with_the_lead_or_the_round_trip() -> None:
+    pb = _pb(4, 8, 2, 0.5, 0.5)
+    rule = ListRule("r", "lazy", 0.75, reload_lead=3, wait=True, headroom=2)
+    pairs = pair_moves(rule, pb)
+    assert pairs and all(n.name == rule_label(n) for n in pairs)
+    for n in pairs:
+        assert n.inflight is not None and abs(n.inflight - 0.75) > 1e-9
+        assert (n.trip_room != rule.trip_room) != (n.reload_lead != rule.reload_lead)
+    # the move the climb missed at 16x64x2 (rule_search.pair_moves)
+    assert any(
+        abs(n.inflight - 0.85) < 1e-9 and n.trip_room == 1.0  # type: ignore[operator]
+        for n in pairs
+    )
+    assert pair_moves(replace(rule, offload="none"), pb) == []
 
 
 def _portfolio(pb: Problem) -> list[tuple[float, ListRule]]:
