@@ -6,7 +6,9 @@ is 114.5, the same rule family with 0.75 of 1F1B's depth and reloads two stages 
 So, from the best rules found, hill-climb: try each neighbour (in-flight depth a step up or down,
 reload lead one more or less, the round trip that offloaded copies must fit in half a trip more
 or less, waiting, reserve, order and offload policy switched), move to the
-first that is faster, and stop at a setting none of whose neighbours is, or when time is up.
+first that is faster; at a setting none of whose neighbours is, try the two-step moves (the depth
+together with the reload lead or the round trip, ``pair_moves``) and go on from the first that
+is faster; stop where none is either, or when time is up.
 Every schedule is the simulator's: a neighbour whose schedule does not fit counts as no better.
 """
 
