@@ -46,3 +46,21 @@ def brute_problem(
         if offload
         else None,
     )
+
+
+def fused_problem(t_bw: float, limit: float | None = None) -> Problem:
+    """4 stages x 8 microbatches, F = B = W = 1, a fused backward of ``t_bw`` (cheaper than
+    B + W = 2 below 2), activation 1 (B frees half, W the rest), no offload."""
+    return Problem(
+        name="fused cheaper",
+        num_stages=4,
+        num_microbatches=8,
+        t_f=1.0,
+        t_b=1.0,
+        t_w=1.0,
+        t_bw=t_bw,
+        m_f=1.0,
+        m_b=-0.5,
+        m_w=-0.5,
+        memory_limit=limit,
+    )

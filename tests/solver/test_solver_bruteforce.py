@@ -75,6 +75,16 @@ def _exhaustive(pb: Problem, fused: bool | str) -> float:
     return best
 
 
+def _assert_cpsat_proves(pb: Problem, brute: float) -> None:
+    """CP-SAT alone proves the exhaustive search's optimum, and the simulator agrees."""
+    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
+    assert res.status == "optimal"
+    assert res.makespan == pytest.approx(brute, abs=1e-9)
+    assert res.lower_bound == pytest.approx(brute, abs=1e-9)
+    ev = simulate(pb, res.schedule).evaluation
+    assert ev.feasible and ev.makespan == pytest.approx(res.makespan, abs=1e-12)
+
+
 # (stages, microbatches, t_w, memory limit, offload, fused exhaustive search, copy bandwidth)
 # fused search with t_w = 0 is exact: a zero-length W is best right after its B. Bandwidth 4
 # makes a copy half an F; bandwidth 1 makes it two Fs, so the best schedules let an F wait for
@@ -103,12 +113,7 @@ def test_optimum_equals_exhaustive_search(
     pb = brute_problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
     brute = exhaustive_optimum(pb, fused)
     assert lower_bound(pb) <= brute + 1e-9  # the cheap bound is valid (fused search: t_w = 0)
-    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
-    assert res.status == "optimal"
-    assert res.makespan == pytest.approx(brute, abs=1e-9)
-    assert res.lower_bound == pytest.approx(brute, abs=1e-9)
-    ev = simulate(pb, res.schedule).evaluation
-    assert ev.feasible and ev.makespan == pytest.approx(res.makespan, abs=1e-12)
+    _assert_cpsat_proves(pb, brute)
 
 
 def test_offload_beats_no_offload_on_the_tiny_case() -> None:
@@ -145,12 +150,7 @@ def test_fused_or_split_per_backward_optimum_equals_exhaustive_search(
     brute = exhaustive_optimum(pb, "mixed")
     assert brute <= min(exhaustive_optimum(pb, True), exhaustive_optimum(pb, False)) + 1e-9
     assert lower_bound(pb) <= brute + 1e-9
-    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
-    assert res.status == "optimal"
-    assert res.makespan == pytest.approx(brute, abs=1e-9)
-    assert res.lower_bound == pytest.approx(brute, abs=1e-9)
-    ev = simulate(pb, res.schedule).evaluation
-    assert ev.feasible and ev.makespan == pytest.approx(res.makespan, abs=1e-12)
+    _assert_cpsat_proves(pb, brute)
 
 
 def test_mixing_fused_and_split_beats_both_on_a_tiny_case() -> None:

@@ -5,6 +5,7 @@ every backward as B then W, so there ``solve`` does not report their bound."""
 from __future__ import annotations
 
 import pytest
+from bench_problems import fused_problem
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -14,20 +15,7 @@ from optpipe_lightning.solver.ticks import fusable, tick_model
 
 
 def _fused_cheaper(t_bw: float = 1.2, limit: float | None = None) -> Problem:
-    return Problem(
-        name="fused cheaper",
-        num_stages=4,
-        num_microbatches=8,
-        num_chunks=1,
-        t_f=1.0,
-        t_b=1.0,
-        t_w=1.0,
-        t_bw=t_bw,
-        m_f=1.0,
-        m_b=-0.5,
-        m_w=-0.5,
-        memory_limit=limit,
-    )
+    return fused_problem(t_bw, limit)
 
 
 def _ops(res_actions: list[list[object]]) -> set[str]:

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from bench_problems import fused_problem
 
 from optpipe_lightning.schedule import Action, Problem, Schedule, simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.fusing import fuse_adjacent, fuse_where_faster
 
-
-def _problem(t_bw: float) -> Problem:
-    return Problem(
-        num_stages=4,
-        num_microbatches=8,
-        t_f=1.0,
-        t_b=1.0,
-        t_w=1.0,
-        t_bw=t_bw,
-        m_f=1.0,
-        m_b=-0.5,
-        m_w=-0.5,
-    )
+_problem = fused_problem
 
 
 def _split_1f1b(pb: Problem) -> Schedule:
