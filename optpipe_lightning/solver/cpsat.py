@@ -298,7 +298,7 @@ class _Model:
         """Hint a solution: tick starts of every op (a fused backward as a ``BW`` key, or as B
         and W) and the offloaded activations."""
         md = self.model
-        starts, fused = self._split_fused(starts)
+        starts, fused = self.split_fused(starts)
         ends: dict[OpKey, int] = {}
         for key, st in starts.items():
             op, s, c, j = key
@@ -331,7 +331,7 @@ class _Model:
                 val = on(a) and on(b) and b in starts and a in ends and starts[b] == ends[a] + lag
             md.add_hint(lit, bool(val))
 
-    def _split_fused(
+    def split_fused(
         self, starts: dict[OpKey, int]
     ) -> tuple[dict[OpKey, int], set[tuple[int, int, int]]]:
         """Starts with every ``BW`` key as B (its start) and W (at its end), and the fused ones
@@ -451,7 +451,7 @@ def solve_cpsat(
             for sj, o in model.offload.items():
                 o.proto.domain[0] = o.proto.domain[1] = int(sj in offloaded)
         if fix_fuse:
-            fused = model._split_fused(hint[0])[1]
+            fused = model.split_fused(hint[0])[1]
             for sj, z in model.fused.items():
                 z.proto.domain[0] = z.proto.domain[1] = int(sj in fused)
 
