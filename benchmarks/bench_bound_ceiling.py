@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench_solver import make_problem
+from bench_solver import make_problem, parse_instance
 
 from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.cpsat import solve_device_relaxation
@@ -58,19 +58,8 @@ class Row:
         return self.ceilings[dev], dev
 
 
-def parse_instance(text: str) -> tuple[int, int, int, float, float]:
-    try:
-        shape, mem, copy = text.split(":")
-        p, m, v = (int(x) for x in shape.lower().split("x"))
-        return p, m, v, float(mem), float(copy)
-    except ValueError:
-        raise SystemExit(
-            f"bench_bound_ceiling: bad instance {text!r}; write PxMxV:mem:copy, e.g. 8x32x1:0.25:2"
-        ) from None
-
-
 def run(
-    spec: tuple[int, int, int, float, float],
+    spec: tuple[int, int, int, float | None, float],
     solve_time: float,
     relax_time: float,
     devices: list[int] | None,
@@ -79,6 +68,8 @@ def run(
     focus_rounds: int,
 ) -> Row:
     p, m, v, mem, copy = spec
+    if mem is None:
+        raise SystemExit(f"bench_bound_ceiling: {p}x{m}x{v} needs a memory limit (not none)")
     name = f"{p}x{m}x{v}, {mem:g}p, {copy:g}x"
     pb = make_problem(p, m, v, mem, copy)
     bad = [d for d in devices or [] if not 0 <= d < p]
@@ -160,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     args = ap.parse_args(argv)
-    specs = [parse_instance(t) for t in args.instances.split(",") if t.strip()]
+    specs = [
+        parse_instance(t, "bench_bound_ceiling") for t in args.instances.split(",") if t.strip()
+    ]
     devices = None if args.devices is None else [int(x) for x in args.devices.split(",")]
     rows = [
         run(

@@ -23,10 +23,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench_solver import make_problem
+from bench_solver import make_problem, parse_instance, run_baselines
 
-from optpipe_lightning.schedule import Problem, simulate
-from optpipe_lightning.schedule.baselines import BASELINE_NAMES, generate
+from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver import SolveResult, fusing, solve
 
 
@@ -41,27 +40,14 @@ class Row:
     baseline: tuple[str, float] | None
 
 
-def parse_instance(text: str) -> tuple[int, int, int, float | None, float]:
-    try:
-        size, mem, copy = text.split(":")
-        p, m, v = (int(x) for x in size.lower().split("x"))
-        return p, m, v, None if mem.lower() == "none" else float(mem), float(copy)
-    except ValueError:
-        raise SystemExit(
-            f"bench_fused: instance {text!r} is not PxMxV:mem:copy (e.g. 8x32x1:0.5:0.5 or "
-            "4x8x1:none:0.5)"
-        ) from None
-
-
 def best_baseline(pb: Problem) -> tuple[str, float] | None:
     best: tuple[str, float] | None = None
-    for name in BASELINE_NAMES:
-        try:
-            res = simulate(pb, generate(name, pb))
-        except Exception:  # not applicable to this problem
-            continue
-        if res.feasible and res.makespan is not None and (best is None or res.makespan < best[1]):
-            best = (name, res.makespan)
+    for name, sched in run_baselines(pb).items():
+        ev = None if isinstance(sched, str) else sched.evaluation
+        if ev is None or not ev.feasible or ev.makespan is None:
+            continue  # not applicable, or does not fit
+        if best is None or ev.makespan < best[1]:
+            best = (name, ev.makespan)
     return best
 
 
@@ -113,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve")
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     args = ap.parse_args(argv)
-    specs = [parse_instance(t) for t in args.instances.split(",") if t.strip()]
+    specs = [parse_instance(t, "bench_fused") for t in args.instances.split(",") if t.strip()]
     ratios = [float(x) for x in args.bw.split(",") if x.strip()]
     rows = []
     for spec in specs:

@@ -94,6 +94,20 @@ class Row:
     skipped: list[str] = field(default_factory=list)  # what the solve skipped for its limit
 
 
+def parse_instance(text: str, prog: str) -> tuple[int, int, int, float | None, float]:
+    """``PxMxV:mem:copy`` (mem a share of 1F1B's memory, or ``none``) as ``make_problem``'s
+    arguments; a bad one ends ``prog`` with a one-line error."""
+    try:
+        shape, mem, copy = text.split(":")
+        p, m, v = (int(x) for x in shape.lower().split("x"))
+        return p, m, v, None if mem.lower() == "none" else float(mem), float(copy)
+    except ValueError:
+        raise SystemExit(
+            f"{prog}: bad instance {text!r}; write PxMxV:mem:copy, e.g. 8x32x1:0.25:2 "
+            "(mem: none for unlimited)"
+        ) from None
+
+
 def run_baselines(pb: Problem) -> dict[str, Any]:
     try:
         from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable, generate
