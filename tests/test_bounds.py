@@ -269,3 +269,76 @@ def test_drain_bound_holds_on_memory_limited_list_schedules_at_their_own_peak(
         parts = bound_parts(tight)
         event(f"drain is the makespan: {parts.drain >= ev.makespan * (1 - 1e-9)}")
         assert parts.drain <= ev.makespan * (1 + 1e-9) + 1e-9, parts
+
+
+def test_fill_bound_on_the_benchmark_grid() -> None:
+    # 8 x 32 x 2 at half of 1F1B's memory, copies 2x: device 0's first backward (group 15's)
+    # can start at 8, when the first microbatch has gone up all 16 groups. Until then it runs
+    # forwards only, and at most 8 + 2 of them fit (4 activations of 0.5, two offloads of 3 s
+    # end by then): 5 s of work in 8, 3 s idle on top of the 99.5 of work
+    parts = bound_parts(bench_problem(8, 32, 2, 0.5, 2.0))
+    assert parts.fill == pytest.approx(102.5)
+    assert parts.binding == "fill"
+    assert bound_parts(bench_problem(16, 64, 2, 0.5, 2.0)).fill == pytest.approx(205)
+    # fast copies move enough out by then: nothing idles
+    assert bound_parts(bench_problem(8, 32, 2, 0.5, 0.5)).fill == 0
+    assert bound_parts(bench_problem(8, 32, 2, None)).fill == 0
+
+
+def test_fill_bound_proves_a_cpsat_optimum() -> None:
+    # 4 x 3 x 2, limit 2, copies 0.5x: CP-SAT's exact model proves 11.5, and the fill argument
+    # alone reaches it (work and drain 10.5): device 0 idles 1 s before its first backward
+    from optpipe_lightning.solver.cpsat import solve_cpsat
+    from optpipe_lightning.solver.ticks import tick_model
+
+    pb = bench_problem(4, 3, 2, 0.5, 0.5)
+    parts = bound_parts(pb)
+    assert parts.fill == pytest.approx(11.5)
+    assert max(parts.work, parts.forward, parts.backward, parts.memory, parts.drain) < 11.5
+    tm = tick_model(pb, 20.0)
+    out = solve_cpsat(
+        pb,
+        tm,
+        horizon=round(20.0 / tm.tick),
+        lower_bound=0,
+        hint=None,
+        time_limit=60.0,
+        gap_target=0.0,
+        seed=0,
+        workers=2,
+        on_solution=None,
+        stop=None,
+        tight=True,
+    )
+    assert out.status == "optimal" and out.objective is not None
+    assert out.objective * tm.tick == pytest.approx(11.5)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_stages=4, max_mb=6, limit=False), st.integers(0, 10**6))
+def test_fill_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
+    problem: Problem, seed: int
+) -> None:
+    # random orders (copies included) at their own peak: the forwards they run before the first
+    # backward, and the offloads that free memory for more, all fit the limit exactly
+    assume(all(float(problem.cost(n).min()) > 0 for n in ("t_f", "t_b", "t_w")))
+    _, free, tight = _at_own_peak(problem, seed)
+    parts = bound_parts(tight)
+    event(f"fill binds: {parts.fill >= parts.value - 1e-9 and parts.fill > parts.drain + 1e-9}")
+    assert parts.fill <= free.makespan * (1 + 1e-9) + 1e-9, parts
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_stages=4, max_mb=6, limit=True))
+def test_fill_bound_holds_on_memory_limited_list_schedules_at_their_own_peak(
+    problem: Problem,
+) -> None:
+    # the list rules run forwards until the limit stops them and offload to run more: at their
+    # own peak the fill argument counts exactly those forwards
+    for sched in heuristic_schedules(problem)[:3]:
+        ev = sched.evaluation
+        assert ev is not None and ev.makespan is not None
+        tight = _limited_to(problem, ev)
+        parts = bound_parts(tight)
+        event(f"fill is the makespan: {parts.fill >= ev.makespan * (1 - 1e-9)}")
+        assert parts.fill <= ev.makespan * (1 + 1e-9) + 1e-9, parts

@@ -49,6 +49,16 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    activation)``, where ``own`` is the most the last backward and its own W can run past its
    B-part. It binds where the last stage could otherwise drain the pipeline behind a long tail of
    deferred W's, as the unlimited optimum (ZB-H1) does.
+7. **Fill** (per device d, with a memory limit): no backward of d starts before
+   ``t1 = min_g (EF_top + F_top + down_g)`` over d's groups (the first microbatch must go up the
+   whole chain and back down to d), so until then d runs only forwards. Let ``e`` be the end of
+   the last forward d starts before ``t1``: no backward of d runs before ``e`` (d is busy), so
+   every activation those forwards made is held at ``e`` but what an offload ended by ``e`` moved
+   to the host, and offloads run one at a time on d's channel from d's first forward end. So at
+   most ``n`` forwards start before ``t1``, the most whose activations fit in the limit plus what
+   the offloads that can end by then move (an integer count per chunk; a chunk's forward needs
+   the lower chunk's of its microbatch first). Of ``[head, t1]``, at least ``t1 - head`` less
+   their time is idle, which adds to argument 1, and to argument 6 (it comes before ``t*``).
 """
 
 from __future__ import annotations
@@ -69,10 +79,11 @@ class BoundParts:
     backward: float
     memory: float
     drain: float = 0.0
+    fill: float = 0.0
 
     @property
     def value(self) -> float:
-        return max(self.work, self.forward, self.backward, self.memory, self.drain)
+        return max(self.work, self.forward, self.backward, self.memory, self.drain, self.fill)
 
     @property
     def binding(self) -> str:
@@ -82,6 +93,7 @@ class BoundParts:
             "backward": self.backward,
             "memory": self.memory,
             "drain": self.drain,
+            "fill": self.fill,
         }
         return max(parts, key=lambda k: parts[k])
 
@@ -147,6 +159,7 @@ def bound_parts(problem: Problem) -> BoundParts:
     # 4. memory-time (5. one thing at a time and 6. drain in the same loop over devices)
     mem_lb = 0.0
     drain_lb = 0.0
+    fill_lb = 0.0
     limits = pb.memory_limits()
     m_f, m_w = pb.cost("m_f"), pb.cost("m_w")
     ob = pb.cost("offload_bytes")
@@ -186,6 +199,10 @@ def bound_parts(problem: Problem) -> BoundParts:
         drain = _drain_bound(pb, s, room, B, below, heads[s] + works[s])
         if drain is not None:
             drain_lb = max(drain_lb, drain)
+        # 7. fill: idle before d's first backward, on top of argument 1 (and of 6 where it holds)
+        idle = _fill_idle(pb, s, room, EF, F, top + min(down[g] for g, *_ in chunks))
+        if idle > 0:
+            fill_lb = max(fill_lb, idle + (heads[s] + works[s] if drain is None else drain))
         # 5. one thing at a time: when no two of the stage's activations and W-parts fit together
         acts = [act for _, _, act, *_ in chunks]
         wparts = [w for _, _, _, w, *_ in chunks if w > 0]
@@ -208,7 +225,7 @@ def bound_parts(problem: Problem) -> BoundParts:
                     single.append((saving, trip, m))
         head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, least_time_for_memory(span + head + tail, 1.0, single))
-    return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb)
+    return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb, fill_lb)
 
 
 def _drain_bound(
@@ -250,6 +267,61 @@ def _drain_bound(
         own = max(float(t_b[s, c]) - B[g] + float(t_w[s, c]), float(t_bw[s, c]) - B[g])
         busy = max(busy, own + w_time(room - act))
     return head_work + max(0.0, min(below[g] for g in groups) - busy)
+
+
+def _fill_idle(
+    pb: Problem, s: int, room: float, EF: list[float], F: list[float], t1: float
+) -> float:
+    """Argument 7 for device ``s`` (module doc): seconds of ``[head, t1]`` it surely idles,
+    where ``t1`` is the earliest any backward of it may start."""
+    m, v = pb.num_microbatches, pb.num_chunks
+    m_f, ob = pb.cost("m_f"), pb.cost("offload_bytes")
+    chunks = sorted(range(v), key=lambda c: pb.group_of(s, c))  # a microbatch's order on s
+    groups = [pb.group_of(s, c) for c in chunks]
+    acts = [float(m_f[s, c]) for c in chunks]
+    if min(acts) <= 0:
+        return 0.0  # a forward that frees memory: the limit does not cap forwards
+    head = min(EF[g] for g in groups)
+    f_times = [F[g] for g in groups]
+    window = t1 - head
+    if window <= 0:
+        return 0.0
+    cap = room
+    if pb.offload is not None:
+        moves = [(pb.offload_time(s, c), float(ob[s, c])) for c in chunks if ob[s, c] > 0]
+        if moves:
+            t_off = min(t for t, _ in moves)
+            if t_off <= 0:
+                return 0.0
+            # offloads end by e < t1 + the longest F, one at a time from the first F's end
+            reach = t1 + max(f_times) - head - min(f_times)
+            cap += max(0, math.floor(reach / t_off + 1e-9)) * max(x for _, x in moves)
+
+    # a group's forwards run one at a time from its earliest start: few start before t1
+    starts = [
+        0 if f <= 0 else max(0, min(m, math.ceil((t1 - EF[g]) / f - 1e-9)))
+        for g, f in zip(groups, f_times, strict=True)
+    ]
+
+    def most(budget: float, act: float, limit: int) -> int:
+        return max(0, min(limit, math.floor(budget / act + 1e-9)))
+
+    if v == 1:
+        work = most(cap, acts[0], starts[0]) * f_times[0]
+    elif v == 2:
+        # n_hi <= n_lo: the higher chunk's forward of a microbatch needs the lower one's first
+        work = 0.0
+        for n_lo in range(most(cap, acts[0], starts[0]) + 1):
+            n_hi = most(cap - n_lo * acts[0], acts[1], min(n_lo, starts[1]))
+            work = max(work, n_lo * f_times[0] + n_hi * f_times[1])
+    else:  # fractional: a relaxation of the integer counts, ignoring the chunk order
+        work, budget = 0.0, cap
+        ranked = sorted(zip(acts, f_times, starts, strict=True), key=lambda x: x[1] / x[0])
+        for act, f, n_max in reversed(ranked):
+            n = min(float(n_max), budget / act)
+            work += n * f
+            budget -= n * act
+    return max(0.0, window - work)
 
 
 def least_time_for_memory(
