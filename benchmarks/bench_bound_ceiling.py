@@ -1,7 +1,7 @@
 """How far a lower bound that reasons about one device at a time could go (issue 3, the 2% goal).
 
 The solver's bound is the best of the cheap arguments of ``schedule/bounds.py`` (work, forward
-and backward throughput, memory-time with the copy channel, one thing at a time, drain) and
+and backward throughput, memory-time with the copy channel, one thing at a time, drain, fill) and
 CP-SAT's proven bound. Each cheap argument uses one device's resources (its one op at a time,
 its copy channel, its memory limit) and the chain of each microbatch (every F up, every B down)
 only, so it also holds for the *device relaxation*: the problem with only that device's

@@ -505,8 +505,8 @@ def solve_device_relaxation(
 
     A relaxation (of the relaxed model, see ``solve_cpsat``): its optimum is at most the
     problem's. And a lower bound that reasons about one device's resources and the chain alone
-    (the memory-time, one-thing-at-a-time and drain arguments of ``schedule.bounds``) holds for
-    this relaxation too, so it is at most its optimum, hence at most any makespan found here:
+    (the memory-time, one-thing-at-a-time, drain and fill arguments of ``schedule.bounds``)
+    holds for this relaxation too, so it is at most its optimum, hence at most any makespan found:
     with one device, a solution found is a ceiling on every such bound for that device
     (``benchmarks/bench_bound_ceiling.py``). Not a solver of the problem: its solutions may
     break the other devices' limits.
