@@ -297,9 +297,10 @@ def _fill_idle(
             reach = t1 + max(f_times) - head - min(f_times)
             cap += max(0, math.floor(reach / t_off + 1e-9)) * max(x for _, x in moves)
 
-    # a group's forwards run one at a time from its earliest start: few start before t1
+    # a group's forwards run one at a time from its earliest start: few start before t1 (a
+    # forward of no length is not capped by time)
     starts = [
-        0 if f <= 0 else max(0, min(m, math.ceil((t1 - EF[g]) / f - 1e-9)))
+        m if f <= 0 else max(0, min(m, math.ceil((t1 - EF[g]) / f - 1e-9)))
         for g, f in zip(groups, f_times, strict=True)
     ]
 
