@@ -2,7 +2,9 @@
 
 Pipeline: check the memory limit (clear error below what any schedule can fit); run the
 offload-aware list schedulers, a local search over their parameters from the best ones
-(``rule_search``), the offload repair, the user's hint and the baselines; where copies are as slow
+(``rule_search``), the offload repair, the user's hint and the baselines; with one chunk per stage
+and a memory limit, raise the bound by each device's exact steady state where its state graph is
+small (``steady_bound``, at most ``STEADY_SHARE`` of the limit); where copies are as slow
 as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
@@ -61,6 +63,7 @@ from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
 from .results import Incumbent, SolveResult
 from .rule_search import search_rules
+from .steady_bound import steady_state_bound
 from .ticks import OpKey, TickModel, fusable, tick_model
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
@@ -90,6 +93,9 @@ FUSED_FIXED_SHARE = 0.5
 # at most this share of the time limit goes to fusing B, W pairs of the best schedule before the
 # backend (``fusing``: one simulation per stage)
 FUSING_SHARE = 0.05
+# argument 8 of the bound (``steady_bound``: one device's exact steady state, one chunk per stage,
+# where the state graph is small) gets at most this share of the time limit, after the baselines
+STEADY_SHARE = 0.05
 # CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
 # ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
 # with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
@@ -432,6 +438,17 @@ def solve(
                     unfinished=unfinished,
                 ):
                     best.offer(sched, f"baseline:{name}")
+
+    if (
+        best.schedule is not None
+        and not stopped()
+        and gap_open()
+        and problem.num_chunks == 1
+        and any(lim is not None for lim in problem.memory_limits())
+    ):
+        with budget.phase("steady-state bound"):
+            until = min(budget.end, time.perf_counter() + STEADY_SHARE * budget.limit)
+            best.raise_bound(steady_state_bound(problem, horizon=best.makespan, deadline=until))
 
     if (
         backend != "heuristic"
