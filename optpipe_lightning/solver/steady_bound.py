@@ -129,7 +129,8 @@ def build(
     dv: Device, cap: int, max_states: int, deadline: float = math.inf
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Edges (from, to, forwards started) of the graph reachable from the empty state; state 0 is
-    the empty one. None past ``max_states`` states or the ``deadline`` (``time.perf_counter()``)."""
+    the empty one. None past ``max_states`` states, or when the states found but not yet expanded
+    cannot be at the rate so far before the ``deadline`` (``time.perf_counter()``)."""
     start: State = (0, IDLE, 0, 0, ())
     index = {start: 0}
     order = [start]
@@ -137,9 +138,14 @@ def build(
     dst: list[int] = []
     fwd: list[int] = []
     i = 0
+    t_start = time.perf_counter()
     while i < len(order):
-        if i % 512 == 0 and time.perf_counter() > deadline:
-            return None
+        if i % 512 == 0 and i:
+            now = time.perf_counter()
+            # the states found but not yet expanded, at the rate so far, must fit before the
+            # deadline: where they cannot, give the time back now rather than at the deadline
+            if now + (len(order) - i) * (now - t_start) / i > deadline:
+                return None
         st = order[i]
         nwp, op, left, copy, pend = st
         moves: list[int | None] = [None]
@@ -359,7 +365,9 @@ def steady_state_bound(
     problem: Problem, *, horizon: float, deadline: float, max_states: int = 50_000
 ) -> float:
     """The best argument-8 bound over the devices that fit ``max_states`` states before the
-    ``deadline`` (0 where none does). The devices with the longest round trip go first."""
+    ``deadline`` (0 where none does). The devices with the longest round trip go first (their
+    graphs are the largest, their bounds mostly the highest), and the first whose graph does not
+    fit ends the search: at 8x32x1 the later ones would not fit either, and only cost time."""
     if problem.num_chunks != 1 or all(lim is None for lim in problem.memory_limits()):
         return 0.0
     best = 0.0
@@ -371,4 +379,6 @@ def steady_state_bound(
         )
         if isinstance(got, DeviceSteadyState):
             best = max(best, got.bound)
+        elif got in ("too many states", "out of time"):
+            break
     return best
