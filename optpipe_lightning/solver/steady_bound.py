@@ -50,9 +50,8 @@ ON, GOING, HOST, COMING, BACK = 0, 1, 2, 3, 4
 # what the device runs
 IDLE, FWD, BWD, WGT = 0, 1, 2, 3
 
-State = tuple[
-    int, int, int, int, tuple[tuple[int, int], ...]
-]  # (W-parts, op, left, copy left, pending)
+# (W-parts held, running op, its ticks left, the copy's ticks left, pending (countdown, where))
+State = tuple[int, int, int, int, tuple[tuple[int, int], ...]]
 
 
 @dataclass(frozen=True)
