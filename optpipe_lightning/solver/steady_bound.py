@@ -218,23 +218,24 @@ def build(
 
 
 def _cycle_in(parent: np.ndarray) -> list[int] | None:
-    """A cycle of the functional graph ``node -> parent[node]`` (-1: none), as its nodes."""
+    """A cycle of the functional graph ``node -> parent[node]`` (-1: none), as its nodes: by
+    pointer doubling, ``parent`` applied ``2^k >= n`` times lands every node whose path does not
+    end on a cycle."""
     n = len(parent)
-    color = np.zeros(n, dtype=np.int8)
-    for s0 in range(n):
-        if color[s0] or parent[s0] < 0:
-            continue
-        path = []
-        u = s0
-        while u >= 0 and color[u] == 0:
-            color[u] = 1
-            path.append(u)
-            u = int(parent[u])
-        if u >= 0 and color[u] == 1:
-            return path[path.index(u) :]
-        for x in path:
-            color[x] = 2
-    return None
+    sink = n  # where the paths that end go; it loops on itself
+    jump = np.append(np.where(parent < 0, sink, parent), sink)
+    for _ in range(max(1, int(n).bit_length())):
+        jump = jump[jump]
+    on_cycle = jump[:n][jump[:n] != sink]
+    if len(on_cycle) == 0:
+        return None
+    c = int(on_cycle[0])
+    cycle = [c]
+    u = int(parent[c])
+    while u != c:
+        cycle.append(u)
+        u = int(parent[u])
+    return cycle
 
 
 def cycle_ratio(
