@@ -255,24 +255,24 @@ def cycle_ratio(
     starts = np.searchsorted(src, np.arange(n))
     has_edge = np.zeros(n, dtype=bool)
     has_edge[src] = True
-    hi: float | None = None
-    lam = lo
-    for _ in range(60):
+
+    def test(lam: float) -> tuple[str, float | None]:
+        """Bellman-Ford with weights ``1 - lam * forwards``: ("proven", None) when it converges,
+        ("cycle", its ratio) when the predecessor graph shows a negative cycle, ("negative",
+        None) when it still improves after n sweeps, ("time", None) at the deadline."""
         weight = 1.0 - lam * fwd
         dist = np.zeros(n)
         parent = np.full(n, -1)
         parent_f = np.zeros(n, dtype=int)
-        verdict = "negative"  # still improving after n sweeps: a negative cycle exists
         for sweep in range(1, n + 2):
             if time.perf_counter() > deadline:
-                return lo, hi
+                return "time", None
             cand = dist[dst] + weight
             best = np.full(n, np.inf)
             best[has_edge] = np.minimum.reduceat(cand, starts[has_edge])
             improved = best < dist - 1e-9
             if not improved.any():
-                verdict = "proven"
-                break
+                return "proven", None
             dist = np.where(improved, best, dist)
             # each improved node's best edge joins the predecessor graph
             hit = improved[src] & (cand <= best[src] + 1e-9)
@@ -284,13 +284,20 @@ def cycle_ratio(
                 if cyc is not None:
                     forwards = int(parent_f[cyc].sum())
                     if forwards and len(cyc) - lam * forwards < -1e-9:
-                        ratio = len(cyc) / forwards
-                        hi = ratio if hi is None else min(hi, ratio)
-                        verdict = "cycle"
-                        break
+                        return "cycle", len(cyc) / forwards
+        return "negative", None
+
+    hi: float | None = None
+    lam = lo
+    for _ in range(60):
+        verdict, ratio = test(lam)
+        if verdict == "time":
+            return lo, hi
         if verdict == "proven":
             lo = lam
-        elif verdict == "negative" and (hi is None or lam < hi):
+        elif ratio is not None:
+            hi = ratio if hi is None else min(hi, ratio)
+        elif hi is None or lam < hi:
             hi = lam  # some cycle has fewer ticks per forward than lam (not seen)
         if hi is None:
             lam = lo * 2
@@ -298,21 +305,8 @@ def cycle_ratio(
         if hi - lo <= tol:
             break
         lam = (lo + hi) / 2
-    if hi is not None and hi > lo:
-        # a cycle's ratio is often the answer: try just under it
-        lam = hi * (1 - 1e-9)
-        dist = np.zeros(n)
-        weight = 1.0 - lam * fwd
-        for _ in range(n + 1):
-            if time.perf_counter() > deadline:
-                break
-            best = np.full(n, np.inf)
-            best[has_edge] = np.minimum.reduceat(dist[dst] + weight, starts[has_edge])
-            improved = best < dist - 1e-9
-            if not improved.any():
-                lo = lam
-                break
-            dist = np.where(improved, best, dist)
+    if hi is not None and hi > lo and test(hi * (1 - 1e-9))[0] == "proven":
+        lo = hi * (1 - 1e-9)  # a cycle's ratio is often the answer: just under it holds
     return lo, hi
 
 
