@@ -1,41 +1,60 @@
-"""Argument 8, the steady state: the least time per microbatch one device's relaxation allows.
+"""Arguments 8 and 9 of the bound: one device's relaxation, solved exactly on its state graph.
 
-The cheap arguments of ``schedule.bounds`` count memory as a fluid: where only one or two
-activations fit and copies are slow, a device loses time to whole activations not fitting, which
-they miss (8x32x1 at a quarter of 1F1B's memory, copies 2x: 7.33 per microbatch by the cheap bound, 7.92
-here, 8.25 in the solved schedule). This argument is exact for one device's steady state, so it only runs
-where the state graph stays small (one chunk per stage; a few activations fit).
+The cheap arguments of ``schedule.bounds`` count memory as a fluid: where only a few activations
+fit and copies are slow, a device loses time to whole activations not fitting, which they miss
+(8x32x1 at a quarter of 1F1B's memory, copies 2x: 7.33 per microbatch by the cheap bound, 7.92
+here, 8.25 in the solved schedule; 4x8x2 at a quarter, copies 2x: the cheap bound is 38, device 3
+proves 50.5, the optimum). These arguments are exact for one device's relaxation, so they only
+run where its state graph stays small (a few activations fit).
 
 **The relaxation** (as ``cpsat.solve_device_relaxation``): only device ``s``'s resources bind
 (one op at a time, its copy channel, its memory limit); every other device is free, so each
-microbatch's backward may start ``R`` after its forward ends (the chain above: every F up, every
-B down, each hop), and forwards may start from the device's ``head`` on.
+microbatch's chain (every F up, every B down, each hop) sets only releases: on the device's
+chunks ``k = 0..v-1``, in the order of their groups, a microbatch runs F_0 .. F_{v-1} and then
+B_{v-1} .. B_0, each op released a fixed ``gap`` after the one before it on this device ends
+(the ops of the other devices between them, and the hops); forwards may start from the device's
+``head`` on.
 
 **The state graph.** Time in exact ticks (``solver.ticks``). A state is what the device holds at
 a tick: its running op and the ticks it has left, its channel's transfer and ticks left, the
-W-parts held, and per pending microbatch (F ended, B not started, oldest first) the ticks until
-its backward is released and where its activation is (on the device, going to the host, on the
-host, coming back, back). Every tick the device starts the next F, the oldest pending B
-(released and on the device), a W, or nothing; the channel offloads the newest activation never
-offloaded, reloads the oldest on the host, or nothing; the memory (simulator semantics: F adds its
-activation when it ends, B and W free at their ends, an offload frees when it ends, a reload
-allocates when it starts, changes at one instant net out) stays within the limit. Each edge lasts
-one tick and counts the forwards it starts. Ops of one kind run in microbatch order (the symmetry
-every solver model uses); offloading the newest and reloading the oldest is no loss (swap the two
-activations' copies). Two further relaxations keep the graph small: a countdown on the host is
-set to 0 (its backward counts as released; it still needs its reload), and at most ``cap``
-microbatches are pending (``m`` loses nothing).
+W-parts held per chunk, and per microbatch in flight (F_0 started, B_0 not), by phase (the last op
+it ran here) and oldest first, the ticks until its next op is released and where each of its
+activations is (its forward still running, on the device, going to the host, on the host, coming
+back, back). Every tick the device starts a new F_0, the next op of the oldest microbatch of a
+phase (released, and a backward's activation on the device), a W, or nothing; the channel, per
+chunk, offloads the newest activation never offloaded or reloads the oldest on the host, or
+nothing; the memory (simulator semantics: F adds its activation when it ends, B and W free at
+their ends, an offload frees when it ends, a reload allocates when it starts, changes at one
+instant net out) stays within the limit. Each edge lasts one tick and counts the new
+microbatches it starts. Ops of one kind and chunk run in microbatch order (the symmetry every
+solver model uses); offloading the newest and reloading the oldest of a chunk is no loss (swap
+the two activations' copies: same sizes, and the older one's backward comes first). Two further
+relaxations keep the graph small: a backward's countdown is set to 0 once its activation is on
+the host (it counts as released; it still needs its reload), and at most ``cap`` microbatches are
+in flight (``m`` loses nothing).
 
-**The bound.** The device's work from its head to its last op is a closed walk from the empty
-state to itself with m forwards, so it lasts at least ``m * lambda`` ticks, ``lambda`` the least
-ticks per forward over the graph's cycles: ``makespan >= head + m * lambda``. ``lambda`` is found
-by bisection, each step a Bellman-Ford run with weights ``1 - lambda * forwards``: it converges
-(no negative cycle: ``lambda`` is proven) or its predecessor graph shows a cycle, whose ratio some
-cyclic schedule of the relaxation achieves. ``benchmarks/bench_device_cycle.py`` prints both.
+**Argument 8, the steady state.** The device's work from its head to its last op is a closed
+walk from the empty state to itself with m new microbatches, so it lasts at least
+``m * lambda`` ticks, ``lambda`` the least ticks per microbatch over the graph's cycles:
+``makespan >= head + m * lambda``. ``lambda`` is found by bisection, each step a Bellman-Ford
+run with weights ``1 - lambda * forwards``: it converges (no negative cycle: ``lambda`` is
+proven) or its predecessor graph shows a cycle, whose ratio some cyclic schedule of the
+relaxation achieves. ``benchmarks/bench_device_cycle.py`` prints both.
+
+**Argument 9, start and end** (``walk_ticks``): the least such walk exactly, breadth first over
+ticks with the count of microbatches started kept as bits per state. It adds what the steady
+state misses: the fill (no backward before the first round trip) and the drain, and after the
+device's last B_0 the chain below it (``tail``: the B of every lower group, the last W of
+group 0). It is at least argument 8, and costs a few ticks' sweeps of the graph.
+
+``steady_state_bound`` first builds each device's graph without copies (every activation stays;
+small), whose walk is a ceiling on the device's bound (copies only add edges), and runs the
+devices with copies highest ceiling first, skipping those that cannot raise the bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -43,73 +62,122 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..schedule.problem import Problem
-from .ticks import fusable, tick_model
+from .ticks import TickModel, fusable, tick_model
 
-# where an activation is
-ON, GOING, HOST, COMING, BACK = 0, 1, 2, 3, 4
+# where an activation is (NONE: its forward still runs)
+ON, GOING, HOST, COMING, BACK, NONE = 0, 1, 2, 3, 4, 5
 # what the device runs
 IDLE, FWD, BWD, WGT = 0, 1, 2, 3
 
-# (W-parts held, running op, its ticks left, the copy's ticks left, pending (countdown, where))
-State = tuple[int, int, int, int, tuple[tuple[int, int], ...]]
+# a microbatch in flight: ticks until its next op is released, where its activations are
+Entry = tuple[int, tuple[int, ...]]
+# (W-parts held per chunk, running op, its chunk, ticks left, the copy's ticks left, the
+# microbatches in flight per phase, oldest first)
+State = tuple[tuple[int, ...], int, int, int, int, tuple[tuple[Entry, ...], ...]]
 
 
 @dataclass(frozen=True)
 class Device:
-    """One device's relaxation in ticks (one chunk)."""
+    """One device's relaxation in ticks. Its chunks are numbered ``k = 0..v-1`` in the order of
+    their groups (a microbatch runs F_0 .. F_{v-1}, then B_{v-1} .. B_0 here). Phase ``q`` of a
+    microbatch in flight: ``q < v`` after F_q (waiting for F_{q+1}, or B_{v-1} when
+    ``q = v - 1``); ``q = 2v - 1 - k`` after B_k (waiting for B_{k-1}); ``gap[q]`` is the
+    release, from the end of the op that entered phase ``q`` to the start of the next one."""
 
-    head: int
-    f: int
-    b: int
-    w: int
-    release: int  # F end to the earliest B start
-    off: int
-    rel: int
-    act: float
-    wpart: float
-    moved: float
+    head: int  # the first forward's earliest start
+    tail: int  # from the last B_0's end to the end of the pipeline
+    f: tuple[int, ...]
+    b: tuple[int, ...]
+    w: tuple[int, ...]
+    gap: tuple[int, ...]
+    off: tuple[int, ...]
+    rel: tuple[int, ...]
+    act: tuple[float, ...]
+    wpart: tuple[float, ...]
+    moved: tuple[float, ...]
     limit: float
+
+    @property
+    def chunks(self) -> int:
+        return len(self.f)
+
+    @property
+    def release(self) -> int:
+        """One chunk: from the forward's end to the earliest start of its backward."""
+        return self.gap[self.chunks - 1]
+
+
+def _hop(pb: Problem, tm: TickModel, sender: int, receiver: int) -> int:
+    table = pb.group_table
+    s, c = table[sender]
+    return tm.comm[s][c] if table[receiver][0] != s else 0
 
 
 def device_model(pb: Problem, s: int, horizon: float) -> tuple[Device, float] | str:
     """Device ``s``'s relaxation and the seconds per tick (ticks exact up to ``horizon``
     seconds), or why it is not modelled."""
-    if pb.num_chunks != 1 or pb.group_table[s] != (s, 0):
-        return "one chunk per stage only"
     lim = pb.memory_limits()[s]
     if lim is None:
         return "no memory limit"
-    if (s, 0) in fusable(pb):
+    table = pb.group_table
+    groups = [g for g, (d, _c) in enumerate(table) if d == s]
+    cs = [table[g][1] for g in groups]
+    if any((s, c) in fusable(pb) for c in cs):
         return "a fused backward is cheaper than B + W (not modelled)"
-    m_b, m_w = float(pb.cost("m_b")[s, 0]), float(pb.cost("m_w")[s, 0])
-    if m_b > 0 or m_w > 0:
+    if any(float(pb.cost("m_b")[s, c]) > 0 or float(pb.cost("m_w")[s, c]) > 0 for c in cs):
         return "a backward that allocates (not modelled)"
     tm = tick_model(pb, horizon)
     if not tm.exact:
         return "durations are not whole ticks"
-    if min(tm.t_f[s][0], tm.t_b[s][0], tm.t_w[s][0]) == 0:
+    if min(min(tm.t_f[s][c], tm.t_b[s][c], tm.t_w[s][c]) for c in cs) == 0:
         return "an op of zero ticks (not modelled)"
-    offloads = pb.offload is not None and float(pb.cost("offload_bytes")[s, 0]) > 0
-    if offloads and min(tm.t_off[s][0], tm.t_rel[s][0]) == 0:
+    moved = tuple(
+        float(pb.cost("offload_bytes")[s, c]) if pb.offload is not None else 0.0 for c in cs
+    )
+    if any(
+        x > 0 and min(tm.t_off[s][c], tm.t_rel[s][c]) == 0 for x, c in zip(moved, cs, strict=True)
+    ):
         return "copies of zero ticks (not modelled)"
-    p = pb.num_stages
-    t_c = [tm.comm[d][0] for d in range(p)]
-    # group g = stage g with one chunk: up from s to the top, back down to s
-    head = sum(tm.t_f[d][0] + t_c[d] for d in range(s))
-    up = sum(t_c[d] + tm.t_f[d + 1][0] for d in range(s, p - 1))
-    down = sum(tm.t_b[d + 1][0] + t_c[d + 1] for d in range(s, p - 1))
-    act = float(pb.cost("m_f")[s, 0])
-    moved = float(pb.cost("offload_bytes")[s, 0]) if offloads else 0.0
+
+    def f_of(g: int) -> int:
+        return tm.t_f[table[g][0]][table[g][1]]
+
+    def b_of(g: int) -> int:
+        return tm.t_b[table[g][0]][table[g][1]]
+
+    def up(lo: int, hi: int) -> int:  # F_lo's end to F_hi's start
+        return sum(_hop(pb, tm, g, g + 1) for g in range(lo, hi)) + sum(
+            f_of(g) for g in range(lo + 1, hi)
+        )
+
+    def down(hi: int, lo: int) -> int:  # B_hi's end to B_lo's start
+        return sum(_hop(pb, tm, g + 1, g) for g in range(lo, hi)) + sum(
+            b_of(g) for g in range(lo + 1, hi)
+        )
+
+    top = len(table) - 1
+    v = len(groups)
+    last = groups[-1]
+    turn = up(last, top) + f_of(top) + b_of(top) + down(top, last) if last < top else 0
+    gap = (
+        [up(groups[k], groups[k + 1]) for k in range(v - 1)]
+        + [turn]
+        + [down(groups[k], groups[k - 1]) for k in range(v - 1, 0, -1)]
+    )
+    g0 = groups[0]
+    tail = (down(g0, 0) + b_of(0) + tm.t_w[table[0][0]][table[0][1]]) if g0 > 0 else 0
+    act = tuple(float(pb.cost("m_f")[s, c]) for c in cs)
     device = Device(
-        head=head,
-        f=tm.t_f[s][0],
-        b=tm.t_b[s][0],
-        w=tm.t_w[s][0],
-        release=up + down,
-        off=tm.t_off[s][0],
-        rel=tm.t_rel[s][0],
+        head=sum(f_of(g) + _hop(pb, tm, g, g + 1) for g in range(g0)),
+        tail=tail,
+        f=tuple(tm.t_f[s][c] for c in cs),
+        b=tuple(tm.t_b[s][c] for c in cs),
+        w=tuple(tm.t_w[s][c] for c in cs),
+        gap=tuple(gap),
+        off=tuple(tm.t_off[s][c] for c in cs),
+        rel=tuple(tm.t_rel[s][c] for c in cs),
         act=act,
-        wpart=act + m_b,
+        wpart=tuple(a + float(pb.cost("m_b")[s, c]) for a, c in zip(act, cs, strict=True)),
         moved=moved,
         limit=lim * (1 + 1e-9) + 1e-12,
     )
@@ -117,22 +185,99 @@ def device_model(pb: Problem, s: int, horizon: float) -> tuple[Device, float] | 
 
 
 def memory(dv: Device, st: State) -> float:
-    nwp, op, _left, _copy, pend = st
-    level = nwp * dv.wpart + (dv.act if op == BWD else 0.0) + (dv.wpart if op == WGT else 0.0)
-    for _r, loc in pend:
-        level += dv.act - dv.moved if loc == HOST else dv.act
+    nw, op, k, _left, _copy, phases = st
+    level = sum(n * x for n, x in zip(nw, dv.wpart, strict=True))
+    if op == BWD:
+        level += dv.act[k]
+    elif op == WGT:
+        level += dv.wpart[k]
+    for entries in phases:
+        for _r, locs in entries:
+            for c, loc in enumerate(locs):
+                if loc == HOST:
+                    level += dv.act[c] - dv.moved[c]
+                elif loc != NONE:
+                    level += dv.act[c]
     return level
 
 
-def build(
-    dv: Device, cap: int, max_states: int, deadline: float = math.inf
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Edges (from, to, forwards started) of the graph reachable from the empty state; state 0 is
-    the empty one. None past ``max_states`` states, or when the states found but not yet expanded
-    cannot be at the rate so far before the ``deadline`` (``time.perf_counter()``)."""
-    start: State = (0, IDLE, 0, 0, ())
+def _copies(dv: Device, phases: tuple[tuple[Entry, ...], ...]) -> list[tuple[int, int, int, int]]:
+    """The copies that may start: per chunk, offload its newest activation never offloaded and
+    reload its oldest on the host, as (phase, entry, chunk, new location)."""
+    out: list[tuple[int, int, int, int]] = []
+    for c in range(dv.chunks):
+        if dv.moved[c] <= 0:
+            continue
+        newest = next(
+            (
+                (q, i)
+                for q in range(len(phases))
+                for i in range(len(phases[q]) - 1, -1, -1)
+                if len(phases[q][i][1]) > c and phases[q][i][1][c] == ON
+            ),
+            None,
+        )
+        if newest is not None:
+            out.append((*newest, c, GOING))
+        oldest = next(
+            (
+                (q, i)
+                for q in range(len(phases) - 1, -1, -1)
+                for i in range(len(phases[q]))
+                if len(phases[q][i][1]) > c and phases[q][i][1][c] == HOST
+            ),
+            None,
+        )
+        if oldest is not None:
+            out.append((*oldest, c, COMING))
+    return out
+
+
+def _moves(
+    dv: Device, phases: tuple[tuple[Entry, ...], ...], nw: tuple[int, ...]
+) -> list[tuple[int, int]]:
+    """The ops that may start on an idle device, as (op, chunk)."""
+    v = dv.chunks
+    out = [(FWD, 0)]
+    for q in range(len(phases)):
+        if not phases[q]:
+            continue
+        r, locs = phases[q][0]
+        if r:
+            continue
+        if q < v - 1:
+            out.append((FWD, q + 1))
+        elif locs[-1] in (ON, BACK):
+            out.append((BWD, len(locs) - 1))
+    out.extend((WGT, c) for c in range(v) if nw[c])
+    return out
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A device's state graph: each edge one tick, from ``src`` to ``dst``, starting ``fwd``
+    forwards of its first chunk (new microbatches); state 0 is the empty one. ``drained``: no
+    microbatch in flight and no backward running (every B of the first chunk done)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    fwd: np.ndarray
+    drained: np.ndarray
+
+    @property
+    def states(self) -> int:
+        return len(self.drained)
+
+
+def build(dv: Device, cap: int, max_states: int, deadline: float = math.inf) -> Graph | None:
+    """The graph reachable from the empty state. None past ``max_states`` states, or when the
+    states found but not yet expanded cannot be at the rate so far before the ``deadline``
+    (``time.perf_counter()``)."""
+    v = dv.chunks
+    start: State = ((0,) * v, IDLE, 0, 0, 0, ((),) * (2 * v - 1))
     index = {start: 0}
     order = [start]
+    level = [0.0]  # each state's memory, kept as ``memory`` counts it, by its changes
     src: list[int] = []
     dst: list[int] = []
     fwd: list[int] = []
@@ -146,75 +291,103 @@ def build(
             if now + (len(order) - i) * (now - t_start) / i > deadline:
                 return None
         st = order[i]
-        nwp, op, left, copy, pend = st
-        moves: list[int | None] = [None]
+        nw, op, k, left, copy, phases = st
+        moves: list[tuple[int, int] | None] = [None]
         if op == IDLE:
-            moves.append(FWD)
-            if pend and pend[0][0] == 0 and pend[0][1] in (ON, BACK):
-                moves.append(BWD)
-            if nwp:
-                moves.append(WGT)
-        copies: list[tuple[int, int] | None] = [None]
-        if copy == 0 and dv.moved > 0:
-            newest = next((j for j in range(len(pend) - 1, -1, -1) if pend[j][1] == ON), None)
-            if newest is not None:
-                copies.append((GOING, newest))
-            oldest = next((j for j in range(len(pend)) if pend[j][1] == HOST), None)
-            if oldest is not None:
-                copies.append((COMING, oldest))
+            moves.extend(_moves(dv, phases, nw))
+        copies: list[tuple[int, int, int, int] | None] = [None]
+        if copy == 0:
+            copies.extend(_copies(dv, phases))
         for mv in moves:
             for cp in copies:
-                pl = list(pend)
-                nwp2, op2, left2, copy2 = nwp, op, left, copy
-                if mv == FWD:
-                    op2, left2 = FWD, dv.f
-                elif mv == BWD:
-                    if cp is not None and cp[1] == 0:
-                        continue  # the backward's own activation
-                    pl = pl[1:]
-                    op2, left2 = BWD, dv.b
-                elif mv == WGT:
-                    nwp2, op2, left2 = nwp - 1, WGT, dv.w
+                ph = [list(e) for e in phases]
+                nw2, op2, k2, left2, copy2 = list(nw), op, k, left, copy
+                mem = level[i]
                 if cp is not None:
-                    loc, j = cp
-                    j -= 1 if mv == BWD else 0
-                    pl[j] = (pl[j][0], loc)
-                    copy2 = dv.off if loc == GOING else dv.rel
-                if memory(dv, (nwp2, op2, left2, copy2, tuple(pl))) > dv.limit:
+                    q, j, c, loc = cp
+                    r, locs = ph[q][j]
+                    ph[q][j] = (r, (*locs[:c], loc, *locs[c + 1 :]))
+                    if loc == GOING:
+                        copy2 = dv.off[c]
+                    else:
+                        copy2 = dv.rel[c]
+                        mem += dv.moved[c]  # a reload allocates when it starts
+                if mv is not None:
+                    kind, c = mv
+                    op2, k2 = kind, c
+                    if kind == FWD:
+                        left2 = dv.f[c]
+                        if c == 0:
+                            ph[0].append((dv.f[0] + dv.gap[0], (NONE,)))
+                        else:
+                            _r, locs = ph[c - 1].pop(0)
+                            ph[c].append((dv.f[c] + dv.gap[c], (*locs, NONE)))
+                    elif kind == BWD:
+                        q = 2 * v - 2 - c if c < v - 1 else v - 1
+                        _r, locs = ph[q][0]
+                        if locs[-1] not in (ON, BACK):
+                            continue  # a copy of the backward's own activation starts now
+                        ph[q].pop(0)
+                        left2 = dv.b[c]
+                        if c > 0:
+                            ph[2 * v - 1 - c].append((dv.b[c] + dv.gap[2 * v - 1 - c], locs[:-1]))
+                    else:
+                        nw2[c] -= 1
+                        left2 = dv.w[c]
+                # starting an op moves memory between its entry and the op: no change
+                if mem > dv.limit:
                     continue
                 # one tick on
-                pl = [(max(0, r - 1), loc) for r, loc in pl]
                 if op2 != IDLE:
                     left2 -= 1
                     if left2 == 0:
                         if op2 == FWD:
-                            pl.append((dv.release, ON))
+                            r, locs = ph[k2][-1]
+                            ph[k2][-1] = (r, (*locs[:-1], ON))
+                            mem += dv.act[k2]
                         elif op2 == BWD:
-                            nwp2 += 1
-                        op2 = IDLE
+                            nw2[k2] += 1
+                            mem += dv.wpart[k2] - dv.act[k2]
+                        else:
+                            mem -= dv.wpart[k2]
+                        op2, k2 = IDLE, 0
+                ended = False
                 if copy2:
                     copy2 -= 1
-                    if copy2 == 0:
-                        pl = [
-                            (r, HOST if c == GOING else BACK if c == COMING else c) for r, c in pl
-                        ]
-                pl = [(0 if c == HOST else r, c) for r, c in pl]
-                if len(pl) > cap:
+                    ended = copy2 == 0
+                nxt_ph = []
+                for q, entries in enumerate(ph):
+                    out = []
+                    for r, locs in entries:
+                        if ended:
+                            for c, x in enumerate(locs):
+                                if x == GOING:
+                                    mem -= dv.moved[c]  # an offload frees when it ends
+                            locs = tuple(
+                                HOST if x == GOING else BACK if x == COMING else x for x in locs
+                            )
+                        # the backward of an activation on the host counts as released
+                        r = 0 if q >= v - 1 and locs[-1] == HOST else max(0, r - 1)
+                        out.append((r, locs))
+                    nxt_ph.append(tuple(out))
+                if sum(len(e) for e in nxt_ph) > cap:
                     continue
-                nxt: State = (nwp2, op2, left2, copy2, tuple(pl))
-                if memory(dv, nxt) > dv.limit:
+                if mem > dv.limit:
                     continue
-                k = index.get(nxt)
-                if k is None:
+                nxt: State = (tuple(nw2), op2, k2, left2, copy2, tuple(nxt_ph))
+                n = index.get(nxt)
+                if n is None:
                     if len(order) >= max_states:
                         return None
-                    k = index[nxt] = len(order)
+                    n = index[nxt] = len(order)
                     order.append(nxt)
+                    level.append(mem)
                 src.append(i)
-                dst.append(k)
-                fwd.append(1 if mv == FWD else 0)
+                dst.append(n)
+                fwd.append(1 if mv is not None and mv == (FWD, 0) else 0)
         i += 1
-    return np.array(src), np.array(dst), np.array(fwd)
+    drained = np.array([st[1] != BWD and not any(st[5]) for st in order], dtype=bool)
+    return Graph(np.array(src), np.array(dst), np.array(fwd), drained)
 
 
 def _cycle_in(parent: np.ndarray) -> list[int] | None:
@@ -310,6 +483,49 @@ def cycle_ratio(
     return lo, hi
 
 
+def walk_ticks(
+    graph: Graph, m: int, tail: int, *, max_ticks: int, deadline: float = math.inf
+) -> int | None:
+    """Argument 9, start and end: the least ticks from the device's head to the end of the
+    pipeline over the graph's walks that start ``m`` microbatches, from the empty state to itself.
+    Every schedule's work on the device is such a walk (from its head on), so the makespan is at
+    least ``head`` plus the most of: the ticks to the empty state again, and the ticks until the
+    last microbatch leaves (``drained``) plus ``tail``. Breadth first over ticks, the counts of
+    microbatches started kept as bits of each state. None past ``max_ticks`` or the
+    ``deadline``."""
+    n = graph.states
+    words = (m + 1 + 63) // 64
+    by_dst = np.argsort(graph.dst, kind="stable")
+    src, dst, fwd = graph.src[by_dst], graph.dst[by_dst], graph.fwd[by_dst].astype(bool)
+    top_word, top_bit = divmod(m, 64)
+    top = np.uint64(1) << np.uint64(top_bit)
+    mask = np.full(words, np.uint64(0xFFFFFFFFFFFFFFFF))
+    mask[-1] = (top << np.uint64(1)) - np.uint64(1) if top_bit < 63 else mask[-1]
+    bits = np.zeros((n, words), dtype=np.uint64)
+    bits[0, 0] = 1
+    drained_at: int | None = None
+    one, carry_shift = np.uint64(1), np.uint64(63)
+    for t in range(1, max_ticks + 1):
+        if t % 16 == 0 and time.perf_counter() > deadline:
+            return None
+        live = bits[src].any(axis=1)
+        e_src, e_dst, e_fwd = src[live], dst[live], fwd[live]
+        vals = bits[e_src]
+        moved = vals[e_fwd]
+        shifted = moved << one
+        shifted[:, 1:] |= moved[:, :-1] >> carry_shift
+        vals[e_fwd] = shifted & mask
+        bits = np.zeros((n, words), dtype=np.uint64)
+        if len(e_dst):
+            heads, first = np.unique(e_dst, return_index=True)
+            bits[heads] = np.bitwise_or.reduceat(vals, first, axis=0)
+        if drained_at is None and (bits[graph.drained, top_word] & top).any():
+            drained_at = t
+        if bits[0, top_word] & top:
+            return max(t, (drained_at if drained_at is not None else t) + tail)
+    return None
+
+
 @dataclass(frozen=True)
 class DeviceSteadyState:
     """What argument 8 found for one device (times in seconds)."""
@@ -318,7 +534,9 @@ class DeviceSteadyState:
     states: int
     per_microbatch: float  # proven least time per microbatch of its relaxation's steady state
     cycle: float | None  # a cyclic schedule of the relaxation achieves this per microbatch
-    bound: float  # head + m * per_microbatch, rounded up to whole ticks
+    steady: float  # head + m * per_microbatch, rounded up to whole ticks (argument 8)
+    walk: float | None  # argument 9 (start and end), None where it ran out of time
+    bound: float  # the larger
 
 
 def device_steady_state(
@@ -340,39 +558,77 @@ def device_steady_state(
     graph = build(dv, m if cap is None else cap, max_states, deadline)
     if graph is None:
         return "out of time" if time.perf_counter() > deadline else "too many states"
-    src, dst, fwd = graph
-    n = int(max(src.max(), dst.max())) + 1
+    n = graph.states
     # a cycle runs as many B and W as F: at least f + b + w ticks per forward
+    work = sum(dv.f) + sum(dv.b) + sum(dv.w)
     proven, upper = cycle_ratio(
-        n, src, dst, fwd, float(dv.f + dv.b + dv.w), tol=0.25 / m, deadline=deadline
+        n, graph.src, graph.dst, graph.fwd, float(work), tol=0.25 / m, deadline=deadline
     )
+    steady = dv.head + math.ceil(m * proven - 1e-6)
+    walk = None
+    if cap is None:
+        limit = math.ceil(horizon / tick) + 1
+        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline)
     return DeviceSteadyState(
         device=s,
         states=n,
         per_microbatch=proven * tick,
         cycle=None if upper is None else upper * tick,
-        bound=(dv.head + math.ceil(m * proven - 1e-6)) * tick,
+        steady=steady * tick,
+        walk=None if walk is None else (dv.head + walk) * tick,
+        bound=max(steady, 0 if walk is None else dv.head + walk) * tick,
     )
 
 
+def _without_copies(dv: Device) -> Device:
+    return dataclasses.replace(dv, moved=tuple(0.0 for _ in dv.moved))
+
+
 def steady_state_bound(
-    problem: Problem, *, horizon: float, deadline: float, max_states: int = 50_000
+    problem: Problem, *, horizon: float, deadline: float, max_states: int = 400_000
 ) -> float:
-    """The best argument-8 bound over the devices that fit ``max_states`` states before the
-    ``deadline`` (0 where none does). The devices with the longest round trip go first (their
-    graphs are the largest, their bounds mostly the highest), and the first whose graph does not
-    fit ends the search: at 8x32x1 the later ones would not fit either, and only cost time."""
-    if problem.num_chunks != 1 or all(lim is None for lim in problem.memory_limits()):
+    """The best bound of arguments 8 and 9 over the devices whose graphs fit ``max_states``
+    states before the ``deadline`` (0 where none does).
+
+    First each device's graph without copies (small: every activation stays): where nothing can
+    move, its walk is that device's bound; elsewhere it is a ceiling on it (copies only add
+    edges), so a device whose ceiling is no higher than the best bound so far cannot raise it.
+    The others then run with their copies, highest ceiling first; the first whose graph does not
+    fit before the deadline ends the search (the next ones are mostly larger)."""
+    if all(lim is None for lim in problem.memory_limits()):
         return 0.0
+    m = problem.num_microbatches
     best = 0.0
-    for s in range(problem.num_stages):  # stage 0 has the longest round trip
+    ceilings: list[tuple[float, int]] = []
+    for s in range(problem.num_stages):
         if time.perf_counter() > deadline:
+            return best
+        got = device_model(problem, s, horizon)
+        if isinstance(got, str):
+            continue
+        dv, tick = got
+        graph = build(_without_copies(dv), m, max_states, deadline)
+        if graph is None:
+            continue
+        limit = math.ceil(horizon / tick) + 1
+        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline)
+        if walk is None and time.perf_counter() > deadline:
+            return best
+        # no walk within the horizon: the device needs its copies
+        ceiling = math.inf if walk is None else (dv.head + walk) * tick
+        if max(dv.moved) <= 0:
+            if walk is not None:
+                best = max(best, ceiling)  # nothing moves: the walk is the bound
+        else:
+            ceilings.append((ceiling, s))
+    for ceiling, s in sorted(ceilings, key=lambda x: (-x[0], x[1])):
+        if ceiling <= best * (1 + 1e-12) or time.perf_counter() > deadline:
             break
-        got = device_steady_state(
+        found = device_steady_state(
             problem, s, horizon=horizon, max_states=max_states, deadline=deadline
         )
-        if isinstance(got, DeviceSteadyState):
-            best = max(best, got.bound)
-        elif got in ("too many states", "out of time"):
+        if isinstance(found, DeviceSteadyState):
+            best = max(best, found.bound)
+        elif found in ("too many states", "out of time"):
             break
     return best
