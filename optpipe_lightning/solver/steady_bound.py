@@ -580,6 +580,16 @@ def device_steady_state(
     )
 
 
+# a device whose graph without copies has more states is skipped: with copies the measured graphs
+# were 600-9,000 times larger (8x32x1 0.25p 2x device 0: 155 -> 92,884; 4x8x2 0.25p 2x device 3:
+# 19 -> 168,091; 4x8x2 0.5p 2x device 3: 367 -> over 2 million), past what the solver's share builds
+CEILING_MAX_STATES = 300
+# and one where more activations than this fit: each one more multiplies the states on the host
+# (8x32x1 at 0.5p, copies 2x, 4 fit: 3 million states with at most 10 in flight; 2 fit in every
+# graph the solver's share built)
+MAX_FIT = 3
+
+
 def _without_copies(dv: Device) -> Device:
     return dataclasses.replace(dv, moved=tuple(0.0 for _ in dv.moved))
 
@@ -592,7 +602,9 @@ def steady_state_bound(
 
     First each device's graph without copies (small: every activation stays): where nothing can
     move, its walk is that device's bound; elsewhere it is a ceiling on it (copies only add
-    edges), so a device whose ceiling is no higher than the best bound so far cannot raise it.
+    edges), so a device whose ceiling is no higher than the best bound so far cannot raise it,
+    and one whose graph without copies exceeds ``CEILING_MAX_STATES``, or where more than
+    ``MAX_FIT`` activations fit, is skipped.
     The others then run with their copies, highest ceiling first; the first whose graph does not
     fit before the deadline ends the search (the next ones are mostly larger)."""
     if all(lim is None for lim in problem.memory_limits()):
@@ -607,16 +619,19 @@ def steady_state_bound(
         if isinstance(got, str):
             continue
         dv, tick = got
-        graph = build(_without_copies(dv), m, max_states, deadline)
+        moves = max(dv.moved) > 0
+        if moves and dv.limit / min(x for x in dv.act if x > 0) >= MAX_FIT + 1:
+            continue  # with copies its graph would be far too large
+        graph = build(_without_copies(dv), m, CEILING_MAX_STATES if moves else max_states, deadline)
         if graph is None:
-            continue
+            continue  # with copies its graph would be far too large
         limit = math.ceil(horizon / tick) + 1
         walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline)
         if walk is None and time.perf_counter() > deadline:
             return best
         # no walk within the horizon: the device needs its copies
         ceiling = math.inf if walk is None else (dv.head + walk) * tick
-        if max(dv.moved) <= 0:
+        if not moves:
             if walk is not None:
                 best = max(best, ceiling)  # nothing moves: the walk is the bound
         else:
