@@ -458,7 +458,9 @@ def solve(
             wide = periodic.applies(problem) and best.makespan > best.bound * (1 + STEADY_WIDE_GAP)
             share = STEADY_SHARE_WIDE if wide else STEADY_SHARE
             until = min(budget.end, time.perf_counter() + share * budget.limit)
-            best.raise_bound(steady_state_bound(problem, horizon=best.makespan, deadline=until))
+            best.raise_bound(
+                steady_state_bound(problem, horizon=best.makespan, deadline=until, stop=stop)
+            )
 
     if (
         backend != "heuristic"

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -105,6 +106,10 @@ class Device:
     def release(self) -> int:
         """One chunk: from the forward's end to the earliest start of its backward."""
         return self.gap[self.chunks - 1]
+
+
+def _stopped(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
 
 
 def _hop(pb: Problem, tm: TickModel, sender: int, receiver: int) -> int:
@@ -269,7 +274,13 @@ class Graph:
         return len(self.drained)
 
 
-def build(dv: Device, cap: int, max_states: int, deadline: float = math.inf) -> Graph | None:
+def build(
+    dv: Device,
+    cap: int,
+    max_states: int,
+    deadline: float = math.inf,
+    stop: threading.Event | None = None,
+) -> Graph | None:
     """The graph reachable from the empty state. None past ``max_states`` states, or when the
     states found but not yet expanded cannot be at the rate so far before the ``deadline``
     (``time.perf_counter()``)."""
@@ -288,7 +299,7 @@ def build(dv: Device, cap: int, max_states: int, deadline: float = math.inf) -> 
             now = time.perf_counter()
             # the states found but not yet expanded, at the rate so far, must fit before the
             # deadline: where they cannot, give the time back now rather than at the deadline
-            if now + (len(order) - i) * (now - t_start) / i > deadline:
+            if now + (len(order) - i) * (now - t_start) / i > deadline or _stopped(stop):
                 return None
         st = order[i]
         nw, op, k, left, copy, phases = st
@@ -419,6 +430,7 @@ def cycle_ratio(
     lo: float,
     tol: float,
     deadline: float = math.inf,
+    stop: threading.Event | None = None,
 ) -> tuple[float, float | None]:
     """(proven, upper): every cycle has at least ``proven`` ticks per forward (``lo``, given,
     must hold), and some cycle has at most ``upper`` (None if none was seen). Stops at the
@@ -438,7 +450,7 @@ def cycle_ratio(
         parent = np.full(n, -1)
         parent_f = np.zeros(n, dtype=int)
         for sweep in range(1, n + 2):
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > deadline or _stopped(stop):
                 return "time", None
             cand = dist[dst] + weight
             best = np.full(n, np.inf)
@@ -484,7 +496,13 @@ def cycle_ratio(
 
 
 def walk_ticks(
-    graph: Graph, m: int, tail: int, *, max_ticks: int, deadline: float = math.inf
+    graph: Graph,
+    m: int,
+    tail: int,
+    *,
+    max_ticks: int,
+    deadline: float = math.inf,
+    stop: threading.Event | None = None,
 ) -> int | None:
     """Argument 9, start and end: the least ticks from the device's head to the end of the
     pipeline over the graph's walks that start ``m`` microbatches, from the empty state to itself.
@@ -506,7 +524,7 @@ def walk_ticks(
     drained_at: int | None = None
     one, carry_shift = np.uint64(1), np.uint64(63)
     for t in range(1, max_ticks + 1):
-        if t % 16 == 0 and time.perf_counter() > deadline:
+        if t % 16 == 0 and (time.perf_counter() > deadline or _stopped(stop)):
             return None
         live = bits[src].any(axis=1)
         e_src, e_dst, e_fwd = src[live], dst[live], fwd[live]
@@ -547,6 +565,7 @@ def device_steady_state(
     max_states: int = 50_000,
     cap: int | None = None,
     deadline: float = math.inf,
+    stop: threading.Event | None = None,
 ) -> DeviceSteadyState | str:
     """Argument 8 for device ``s``, or why it did not run (not modelled, too many states, out of
     time). ``cap``: pending microbatches (default m; below m the result is no bound)."""
@@ -555,20 +574,21 @@ def device_steady_state(
         return got
     dv, tick = got
     m = problem.num_microbatches
-    graph = build(dv, m if cap is None else cap, max_states, deadline)
+    graph = build(dv, m if cap is None else cap, max_states, deadline, stop)
     if graph is None:
-        return "out of time" if time.perf_counter() > deadline else "too many states"
+        past = time.perf_counter() > deadline or _stopped(stop)
+        return "out of time" if past else "too many states"
     n = graph.states
     # a cycle runs as many B and W as F: at least f + b + w ticks per forward
     work = sum(dv.f) + sum(dv.b) + sum(dv.w)
     proven, upper = cycle_ratio(
-        n, graph.src, graph.dst, graph.fwd, float(work), tol=0.25 / m, deadline=deadline
+        n, graph.src, graph.dst, graph.fwd, float(work), tol=0.25 / m, deadline=deadline, stop=stop
     )
     steady = dv.head + math.ceil(m * proven - 1e-6)
     walk = None
     if cap is None:
         limit = math.ceil(horizon / tick) + 1
-        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline)
+        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
     return DeviceSteadyState(
         device=s,
         states=n,
@@ -595,7 +615,12 @@ def _without_copies(dv: Device) -> Device:
 
 
 def steady_state_bound(
-    problem: Problem, *, horizon: float, deadline: float, max_states: int = 400_000
+    problem: Problem,
+    *,
+    horizon: float,
+    deadline: float,
+    max_states: int = 400_000,
+    stop: threading.Event | None = None,
 ) -> float:
     """The best bound of arguments 8 and 9 over the devices whose graphs fit ``max_states``
     states before the ``deadline`` (0 where none does).
@@ -613,7 +638,7 @@ def steady_state_bound(
     best = 0.0
     ceilings: list[tuple[float, int]] = []
     for s in range(problem.num_stages):
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline or _stopped(stop):
             return best
         got = device_model(problem, s, horizon)
         if isinstance(got, str):
@@ -622,12 +647,14 @@ def steady_state_bound(
         moves = max(dv.moved) > 0
         if moves and dv.limit / min(x for x in dv.act if x > 0) >= MAX_FIT + 1:
             continue  # with copies its graph would be far too large
-        graph = build(_without_copies(dv), m, CEILING_MAX_STATES if moves else max_states, deadline)
+        graph = build(
+            _without_copies(dv), m, CEILING_MAX_STATES if moves else max_states, deadline, stop
+        )
         if graph is None:
             continue  # with copies its graph would be far too large
         limit = math.ceil(horizon / tick) + 1
-        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline)
-        if walk is None and time.perf_counter() > deadline:
+        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
+        if walk is None and (time.perf_counter() > deadline or _stopped(stop)):
             return best
         # no walk within the horizon: the device needs its copies
         ceiling = math.inf if walk is None else (dv.head + walk) * tick
@@ -637,10 +664,10 @@ def steady_state_bound(
         else:
             ceilings.append((ceiling, s))
     for ceiling, s in sorted(ceilings, key=lambda x: (-x[0], x[1])):
-        if ceiling <= best * (1 + 1e-12) or time.perf_counter() > deadline:
+        if ceiling <= best * (1 + 1e-12) or time.perf_counter() > deadline or _stopped(stop):
             break
         found = device_steady_state(
-            problem, s, horizon=horizon, max_states=max_states, deadline=deadline
+            problem, s, horizon=horizon, max_states=max_states, deadline=deadline, stop=stop
         )
         if isinstance(found, DeviceSteadyState):
             best = max(best, found.bound)
