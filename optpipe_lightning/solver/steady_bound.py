@@ -102,11 +102,6 @@ class Device:
     def chunks(self) -> int:
         return len(self.f)
 
-    @property
-    def release(self) -> int:
-        """One chunk: from the forward's end to the earliest start of its backward."""
-        return self.gap[self.chunks - 1]
-
 
 def _stopped(stop: threading.Event | None) -> bool:
     return stop is not None and stop.is_set()
@@ -187,23 +182,6 @@ def device_model(pb: Problem, s: int, horizon: float) -> tuple[Device, float] | 
         limit=lim * (1 + 1e-9) + 1e-12,
     )
     return device, tm.tick
-
-
-def memory(dv: Device, st: State) -> float:
-    nw, op, k, _left, _copy, phases = st
-    level = sum(n * x for n, x in zip(nw, dv.wpart, strict=True))
-    if op == BWD:
-        level += dv.act[k]
-    elif op == WGT:
-        level += dv.wpart[k]
-    for entries in phases:
-        for _r, locs in entries:
-            for c, loc in enumerate(locs):
-                if loc == HOST:
-                    level += dv.act[c] - dv.moved[c]
-                elif loc != NONE:
-                    level += dv.act[c]
-    return level
 
 
 def _copies(dv: Device, phases: tuple[tuple[Entry, ...], ...]) -> list[tuple[int, int, int, int]]:
@@ -288,7 +266,10 @@ def build(
     start: State = ((0,) * v, IDLE, 0, 0, 0, ((),) * (2 * v - 1))
     index = {start: 0}
     order = [start]
-    level = [0.0]  # each state's memory, kept as ``memory`` counts it, by its changes
+    # each state's memory, kept by its changes: its W-parts, a running B's activation or W's
+    # part, every activation of a microbatch in flight (what stays on the device of those on
+    # the host; a forward's only once it ends)
+    level = [0.0]
     src: list[int] = []
     dst: list[int] = []
     fwd: list[int] = []
