@@ -55,6 +55,13 @@ def _reference_optimum(pb: Problem, monkeypatch: pytest.MonkeyPatch) -> float:
         brute_problem(3, 3, limit=4.0, offload=True, bandwidth=1.0),
         brute_problem(2, 3, limit=3.0, offload=True, bandwidth=2.0),
         bench_problem(2, 4, 2, 0.5, 2.0),  # two chunks per device
+        Problem.model_validate(  # the same, interleaved instead of a V
+            {
+                **bench_problem(2, 4, 2, 0.5, 2.0).model_dump(),
+                "placement": "interleaved",
+                "name": "2x4x2 interleaved",
+            }
+        ),
     ],
     ids=lambda pb: pb.name or "brute",
 )
