@@ -98,8 +98,8 @@ FUSING_SHARE = 0.05
 # graph is small) get at most this share of the time limit, after the baselines; where copies are
 # slow (``periodic.applies``) and the best schedule is more than STEADY_WIDE_GAP over the bound,
 # STEADY_SHARE_WIDE. At 60 s: 4x8x2 at 0.25p,
-# copies 2x is proven optimal at 50.5 (device 3's graph, 9 s; the cheap bound is 38), 8x32x1 at
-# 0.25p, copies 2x gets 255 (device 0, 16 s; the cheap bound is 235)
+# copies 2x is proven optimal at 50.5 (device 3's walk, 6 s; the cheap bound is 38), 8x32x1 at
+# 0.25p, copies 2x gets 255 (device 0, 6 s; the cheap bound is 235)
 STEADY_SHARE = 0.05
 STEADY_SHARE_WIDE = 0.3
 STEADY_WIDE_GAP = 0.05

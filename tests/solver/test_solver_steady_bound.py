@@ -16,6 +16,7 @@ from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.steady_bound import (
     DeviceSteadyState,
     device_steady_state,
+    device_walk,
     steady_state_bound,
 )
 
@@ -166,3 +167,17 @@ def test_a_stop_ends_it() -> None:
     timer.join()
     assert time.perf_counter() - t0 < 5.0
     assert got == 0.0  # nothing was proven before the stop
+
+
+@pytest.mark.parametrize(
+    ("pb", "s"),
+    [(bench_problem(4, 8, 1, 0.5, 1.0), 0), (bench_problem(2, 4, 2, 0.25, 2.0), 1)],
+    ids=["4x8x1", "2x4x2"],
+)
+def test_the_solver_takes_the_walk_alone(pb: Problem, s: int) -> None:
+    """``device_walk`` (what ``steady_state_bound`` runs, without the cycle search) is the same
+    walk, and ``steady_state_bound`` takes the best device's."""
+    walk = device_walk(pb, s, horizon=HORIZON)
+    assert walk == _steady(pb, s).walk
+    got = steady_state_bound(pb, horizon=HORIZON, deadline=time.perf_counter() + 30)
+    assert got == max(_steady(pb, d).bound for d in range(pb.num_stages))
