@@ -554,6 +554,27 @@ class DeviceSteadyState:
     bound: float  # the larger
 
 
+def _device_graph(
+    problem: Problem,
+    s: int,
+    horizon: float,
+    max_states: int,
+    cap: int | None,
+    deadline: float,
+    stop: threading.Event | None,
+) -> tuple[Device, float, Graph] | str:
+    """Device ``s``'s model, seconds per tick and graph (``cap`` None: m in flight), or why not."""
+    got = device_model(problem, s, horizon)
+    if isinstance(got, str):
+        return got
+    dv, tick = got
+    graph = build(dv, problem.num_microbatches if cap is None else cap, max_states, deadline, stop)
+    if graph is None:
+        past = time.perf_counter() > deadline or _stopped(stop)
+        return "out of time" if past else "too many states"
+    return dv, tick, graph
+
+
 def device_steady_state(
     problem: Problem,
     s: int,
@@ -564,17 +585,14 @@ def device_steady_state(
     deadline: float = math.inf,
     stop: threading.Event | None = None,
 ) -> DeviceSteadyState | str:
-    """Argument 8 for device ``s``, or why it did not run (not modelled, too many states, out of
-    time). ``cap``: pending microbatches (default m; below m the result is no bound)."""
-    got = device_model(problem, s, horizon)
+    """Arguments 8 and 9 for device ``s``, or why they did not run (not modelled, too many states,
+    out of time). ``cap``: microbatches in flight (default m; below m the result is no bound, and
+    the walk is not run)."""
+    got = _device_graph(problem, s, horizon, max_states, cap, deadline, stop)
     if isinstance(got, str):
         return got
-    dv, tick = got
+    dv, tick, graph = got
     m = problem.num_microbatches
-    graph = build(dv, m if cap is None else cap, max_states, deadline, stop)
-    if graph is None:
-        past = time.perf_counter() > deadline or _stopped(stop)
-        return "out of time" if past else "too many states"
     n = graph.states
     # a cycle runs as many B and W as F: at least f + b + w ticks per forward
     work = sum(dv.f) + sum(dv.b) + sum(dv.w)
@@ -685,15 +703,11 @@ def device_walk(
     """Argument 9 alone for device ``s`` (seconds), or why it did not run. What the solver uses:
     it is never below argument 8, and the walk costs a fraction of the cycle search (8x32x1
     0.25p 2x device 0: build 5 s, walk 1 s, cycle search 10.5 s)."""
-    got = device_model(problem, s, horizon)
+    got = _device_graph(problem, s, horizon, max_states, None, deadline, stop)
     if isinstance(got, str):
         return got
-    dv, tick = got
+    dv, tick, graph = got
     m = problem.num_microbatches
-    graph = build(dv, m, max_states, deadline, stop)
-    if graph is None:
-        past = time.perf_counter() > deadline or _stopped(stop)
-        return "out of time" if past else "too many states"
     limit = math.ceil(horizon / tick) + 1
     walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
     if walk is None:
