@@ -3,9 +3,9 @@
 Pipeline: check the memory limit (clear error below what any schedule can fit); run the
 offload-aware list schedulers, a local search over their parameters from the best ones
 (``rule_search``), the offload repair, the user's hint and the baselines; with a memory limit,
-raise the bound by each device's exact relaxation (its steady state and its
-whole walk) where its state graph is small (``steady_bound``, at most ``STEADY_SHARE`` of the
-limit, ``STEADY_SHARE_WIDE`` where copies are slow and the gap wide); where copies are as slow
+raise the bound by each device's exact relaxation (its least whole walk) where its state graph is
+small (``steady_bound``, at most ``STEADY_SHARE`` of the limit, ``STEADY_SHARE_WIDE`` where
+copies are slow and the gap wide); where copies are as slow
 as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
@@ -97,9 +97,9 @@ FUSING_SHARE = 0.05
 # arguments 8 and 9 of the bound (``steady_bound``: one device's exact relaxation, where its state
 # graph is small) get at most this share of the time limit, after the baselines; where copies are
 # slow (``periodic.applies``) and the best schedule is more than STEADY_WIDE_GAP over the bound,
-# STEADY_SHARE_WIDE. At 60 s: 4x8x2 at 0.25p,
-# copies 2x is proven optimal at 50.5 (device 3's walk, 6 s; the cheap bound is 38), 8x32x1 at
-# 0.25p, copies 2x gets 255 (device 0, 6 s; the cheap bound is 235)
+# STEADY_SHARE_WIDE. At 60 s: 4x8x2 at 0.25p, copies 2x is proven optimal at 50.5 (device 3's
+# walk, 6 s; the cheap bound is 38), 8x32x1 at 0.25p, copies 2x gets 255 (device 0, 6 s; the
+# cheap bound is 235)
 STEADY_SHARE = 0.05
 STEADY_SHARE_WIDE = 0.3
 STEADY_WIDE_GAP = 0.05

@@ -554,6 +554,21 @@ class DeviceSteadyState:
     bound: float  # the larger
 
 
+def _walk_end(
+    dv: Device,
+    graph: Graph,
+    m: int,
+    horizon: float,
+    tick: float,
+    deadline: float,
+    stop: threading.Event | None,
+) -> int | None:
+    """Argument 9 in ticks from 0 (the head included), None past the horizon or the deadline."""
+    limit = math.ceil(horizon / tick) + 1
+    walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
+    return None if walk is None else dv.head + walk
+
+
 def _device_graph(
     problem: Problem,
     s: int,
@@ -600,18 +615,15 @@ def device_steady_state(
         n, graph.src, graph.dst, graph.fwd, float(work), tol=0.25 / m, deadline=deadline, stop=stop
     )
     steady = dv.head + math.ceil(m * proven - 1e-6)
-    walk = None
-    if cap is None:
-        limit = math.ceil(horizon / tick) + 1
-        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
+    walk = None if cap is not None else _walk_end(dv, graph, m, horizon, tick, deadline, stop)
     return DeviceSteadyState(
         device=s,
         states=n,
         per_microbatch=proven * tick,
         cycle=None if upper is None else upper * tick,
         steady=steady * tick,
-        walk=None if walk is None else (dv.head + walk) * tick,
-        bound=max(steady, 0 if walk is None else dv.head + walk) * tick,
+        walk=None if walk is None else walk * tick,
+        bound=max(steady, walk or 0) * tick,
     )
 
 
@@ -637,8 +649,8 @@ def steady_state_bound(
     max_states: int = 400_000,
     stop: threading.Event | None = None,
 ) -> float:
-    """The best bound of arguments 8 and 9 over the devices whose graphs fit ``max_states``
-    states before the ``deadline`` (0 where none does).
+    """The best bound of argument 9 (``device_walk``) over the devices whose graphs fit
+    ``max_states`` states before the ``deadline`` (0 where none does).
 
     First each device's graph without copies (small: every activation stays): where nothing can
     move, its walk is that device's bound; elsewhere it is a ceiling on it (copies only add
@@ -667,12 +679,11 @@ def steady_state_bound(
         )
         if graph is None:
             continue  # with copies its graph would be far too large
-        limit = math.ceil(horizon / tick) + 1
-        walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
+        walk = _walk_end(dv, graph, m, horizon, tick, deadline, stop)
         if walk is None and (time.perf_counter() > deadline or _stopped(stop)):
             return best
         # no walk within the horizon: the device needs its copies
-        ceiling = math.inf if walk is None else (dv.head + walk) * tick
+        ceiling = math.inf if walk is None else walk * tick
         if not moves:
             if walk is not None:
                 best = max(best, ceiling)  # nothing moves: the walk is the bound
@@ -708,9 +719,8 @@ def device_walk(
         return got
     dv, tick, graph = got
     m = problem.num_microbatches
-    limit = math.ceil(horizon / tick) + 1
-    walk = walk_ticks(graph, m, dv.tail, max_ticks=limit, deadline=deadline, stop=stop)
+    walk = _walk_end(dv, graph, m, horizon, tick, deadline, stop)
     if walk is None:
         past = time.perf_counter() > deadline or _stopped(stop)
         return "out of time" if past else "no walk within the horizon"
-    return float((dv.head + walk) * tick)
+    return float(walk * tick)
