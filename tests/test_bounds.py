@@ -329,3 +329,68 @@ def test_fill_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
     parts = bound_parts(tight)
     event(f"fill binds: {parts.fill >= parts.value - 1e-9 and parts.fill > parts.drain + 1e-9}")
     assert parts.fill <= free.makespan * (1 + 1e-9) + 1e-9, parts
+
+
+def _one_channel(problem: Problem) -> Problem:
+    """``problem`` with every stage behind one copy channel."""
+    assert problem.offload is not None
+    offload = problem.offload.model_dump()
+    offload["channel_groups"] = [list(range(problem.num_stages))]
+    return problem.with_changes(offload=offload)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(offload=True, limit=False), st.integers(0, 10**6))
+def test_shared_channel_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
+    problem: Problem, seed: int
+) -> None:
+    # every stage shares one copy channel, so the joint argument runs on every problem with two
+    # or more stages; the limit is a random schedule's own peak (as in the test above)
+    assume(problem.num_stages >= 2)
+    assume(all(float(problem.cost(n).min()) > 0 for n in ("t_f", "t_b", "t_w")))
+    shared = _one_channel(problem)
+    actions, free, tight = _at_own_peak(shared, seed)
+    ev = simulate(tight, actions).evaluation
+    assert ev.feasible and ev.makespan == pytest.approx(free.makespan)
+    parts = bound_parts(tight)
+    assert parts.memory <= free.makespan * (1 + 1e-9) + 1e-9, parts
+
+
+def test_shared_channel_bound_with_one_device_is_the_per_device_bound() -> None:
+    from optpipe_lightning.schedule.bounds import (
+        least_time_for_memory,
+        least_time_for_shared_channel,
+    )
+
+    options = [(6.0, 2.0, 3), (1.0, 1.0, 10)]
+    alone = least_time_for_memory(40.0, 2.0, options)
+    assert least_time_for_shared_channel([(40.0, 2.0, options)]) == pytest.approx(alone)
+    # a second device on the channel that needs copies too: the channel holds both
+    both = least_time_for_shared_channel([(40.0, 2.0, options), (40.0, 2.0, options)])
+    assert both > alone * 1.01
+
+
+def test_a_shared_channel_raises_the_bound_on_the_measured_14_6b_profile() -> None:
+    # the ZB paper's 14.6B profile (examples/problems), at half of 1F1B's memory: a copy takes
+    # 1.5x the stage's F + B + W and two GPUs share each PCIe switch. Per device the copies seem
+    # to fit (bound 1.695, the drain's); shared, they do not
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    base = Problem.model_validate_json(
+        (root / "examples/problems/zb-14.6b-p16-m48.json").read_text()
+    )
+    assert base.offload is not None
+    half = base.with_changes(memory_limit=0.5 * 16 * float(base.cost("m_f")[0, 0]))
+    own = half.offload.model_dump()  # type: ignore[union-attr]
+    own["channel_groups"] = []
+    apart = bound_parts(half.with_changes(offload=own))
+    shared = bound_parts(half)
+    assert apart.value == pytest.approx(1.695, abs=1e-3)
+    assert shared.binding == "memory" and shared.value == pytest.approx(1.8642, abs=1e-3)
+    best = min(
+        s.evaluation.makespan
+        for s in heuristic_schedules(half)
+        if s.evaluation is not None and s.evaluation.feasible and s.evaluation.makespan
+    )
+    assert shared.value <= best

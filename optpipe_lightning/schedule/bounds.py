@@ -28,6 +28,9 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
    ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
    (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
+   Devices of one channel group (GPUs behind one PCIe switch) share that channel, so the copies
+   all of them need, each the least channel time that saves its own shortfall at T, fit in T
+   together: with two GPUs per switch this is what binds where copies are slow.
 5. **One thing at a time** (per device d, when no two of its activations fit together within
    the limit): while an F runs nothing else is resident but an activation whose offload ends
    inside it (the F adds its own when it ends), so the device's F runs and activation
@@ -165,6 +168,9 @@ def bound_parts(problem: Problem) -> BoundParts:
     ob = pb.cost("offload_bytes")
     m_b = pb.cost("m_b")
     signs_ok = bool((m_b <= 0).all() and (m_w <= 0).all())
+    # argument 4's terms per copy channel: (full, limit, options) of each of its devices
+    by_channel: dict[int, list[tuple[float, float, list[tuple[float, float, int]]]]] = {}
+    channel = pb.channel_of()
     for s in range(p):
         lim = limits[s]
         if lim is None or not signs_ok:
@@ -194,6 +200,7 @@ def bound_parts(problem: Problem) -> BoundParts:
                 if saving > 0:
                     options.append((saving, trip, m))
         mem_lb = max(mem_lb, least_time_for_memory(full, lim, options))
+        by_channel.setdefault(channel[s], []).append((full, lim, options))
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         # 6. drain
         drain = _drain_bound(pb, s, room, B, below, heads[s] + works[s])
@@ -225,6 +232,9 @@ def bound_parts(problem: Problem) -> BoundParts:
                     single.append((saving, trip, m))
         head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, least_time_for_memory(span + head + tail, 1.0, single))
+    for devices in by_channel.values():
+        if len(devices) > 1:
+            mem_lb = max(mem_lb, least_time_for_shared_channel(devices))
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb, fill_lb)
 
 
@@ -356,6 +366,46 @@ def least_time_for_memory(
     for _ in range(60):
         mid = (lo + hi) / 2
         if full - best_saving(mid) <= limit * mid:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def least_time_for_shared_channel(
+    devices: list[tuple[float, float, list[tuple[float, float, int]]]],
+) -> float:
+    """Least T at which the devices of one copy channel all fit their memory in T together.
+
+    Each device is ``(full, limit, options)`` as in ``least_time_for_memory``. At a given T, a
+    device falls ``full - limit * T`` byte-seconds short; the least channel time that saves them
+    is a fractional knapsack taken by saving per channel second, best first. The channel runs one
+    copy at a time within the makespan, so the devices' least times must sum to at most T. Both
+    sides are monotone in T: bisect. With one device this is ``least_time_for_memory``.
+    """
+    ranked = [
+        (full, limit, sorted(opts, key=lambda o: o[0] / o[1] if o[1] > 0 else math.inf)[::-1])
+        for full, limit, opts in devices
+    ]
+
+    def channel_time(t: float) -> float:
+        total = 0.0
+        for full, limit, opts in ranked:
+            short = full - limit * t
+            for saving, trip, count in opts:
+                if short <= 1e-12 * full:
+                    break
+                n = min(float(count), short / saving)
+                total += n * trip
+                short -= n * saving
+            if short > 1e-12 * full:
+                return math.inf  # even every offload leaves it short
+        return total
+
+    lo, hi = 0.0, max(full / limit for full, limit, _ in devices)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if channel_time(mid) <= mid:
             hi = mid
         else:
             lo = mid
