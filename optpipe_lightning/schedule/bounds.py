@@ -343,33 +343,11 @@ def least_time_for_memory(
     Offloading one activation saves ``saving`` resident byte-seconds and keeps its copy channel
     busy ``trip`` seconds (offload plus reload), and every copy of a stage runs within the
     makespan on its channel, so with fractional offload counts (a relaxation) the best savings
-    within channel time T is a fractional knapsack. Feasibility is monotone in T: bisect.
+    within channel time T is a fractional knapsack: one device alone on its channel.
     """
     if not options:
         return full / limit
-    ranked = sorted(options, key=lambda o: o[0] / o[1] if o[1] > 0 else float("inf"), reverse=True)
-
-    def best_saving(budget: float) -> float:
-        total = 0.0
-        for saving, trip, count in ranked:
-            if trip <= 0:
-                total += saving * count
-                continue
-            n = min(float(count), budget / trip)
-            total += saving * n
-            budget -= n * trip
-            if budget <= 0:
-                break
-        return total
-
-    lo, hi = 0.0, full / limit
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if full - best_saving(mid) <= limit * mid:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return least_time_for_shared_channel([(full, limit, options)])
 
 
 def least_time_for_shared_channel(
@@ -393,12 +371,12 @@ def least_time_for_shared_channel(
         for full, limit, opts in ranked:
             short = full - limit * t
             for saving, trip, count in opts:
-                if short <= 1e-12 * full:
+                if short <= 1e-14 * full:
                     break
                 n = min(float(count), short / saving)
                 total += n * trip
                 short -= n * saving
-            if short > 1e-12 * full:
+            if short > 1e-14 * full:
                 return math.inf  # even every offload leaves it short
         return total
 
