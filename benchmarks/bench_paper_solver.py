@@ -39,9 +39,7 @@ SETTINGS = {
 def limited(base: Problem, share: float) -> Problem:
     """``base`` with a memory limit of ``share`` x 1F1B's peak (p activations of stage 0)."""
     act = float(base.cost("m_f")[0].sum())
-    data = base.model_dump()
-    data["memory_limit"] = share * base.num_stages * act
-    return Problem.model_validate(data)
+    return base.with_changes(memory_limit=share * base.num_stages * act)
 
 
 def row(model: str, share: float, time_limit: float, workers: int) -> str:

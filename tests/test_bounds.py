@@ -335,12 +335,17 @@ def test_fill_bound_holds_at_a_limit_equal_to_the_schedules_own_peak(
     assert parts.fill <= free.makespan * (1 + 1e-9) + 1e-9, parts
 
 
-def _one_channel(problem: Problem) -> Problem:
-    """``problem`` with every stage behind one copy channel."""
+def _channel_groups(problem: Problem, groups: list[list[int]]) -> Problem:
+    """``problem`` with these copy channel groups."""
     assert problem.offload is not None
     offload = problem.offload.model_dump()
-    offload["channel_groups"] = [list(range(problem.num_stages))]
+    offload["channel_groups"] = groups
     return problem.with_changes(offload=offload)
+
+
+def _one_channel(problem: Problem) -> Problem:
+    """``problem`` with every stage behind one copy channel."""
+    return _channel_groups(problem, [list(range(problem.num_stages))])
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -379,11 +384,8 @@ def test_a_shared_channel_raises_the_bound_on_the_measured_14_6b_profile() -> No
     base = Problem.model_validate_json(
         (root / "examples/problems/zb-14.6b-p16-m48.json").read_text()
     )
-    assert base.offload is not None
     half = base.with_changes(memory_limit=0.5 * 16 * float(base.cost("m_f")[0, 0]))
-    own = half.offload.model_dump()  # type: ignore[union-attr]
-    own["channel_groups"] = []
-    apart = bound_parts(half.with_changes(offload=own))
+    apart = bound_parts(_channel_groups(half, []))
     shared = bound_parts(half)
     assert apart.value == pytest.approx(1.695, abs=1e-3)
     assert shared.binding == "memory" and shared.value == pytest.approx(1.8642, abs=1e-3)

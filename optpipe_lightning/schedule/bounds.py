@@ -199,7 +199,6 @@ def bound_parts(problem: Problem) -> BoundParts:
                 saving = moved * (resident - (trip + B[g]) + f_longest)
                 if saving > 0:
                     options.append((saving, trip, m))
-        mem_lb = max(mem_lb, least_time_for_memory(full, lim, options))
         by_channel.setdefault(channel[s], []).append((full, lim, options))
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         # 6. drain
@@ -232,9 +231,13 @@ def bound_parts(problem: Problem) -> BoundParts:
                     single.append((saving, trip, m))
         head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, least_time_for_memory(span + head + tail, 1.0, single))
+    # 4. per copy channel: a device alone on its own, the devices of a group together
     for devices in by_channel.values():
-        if len(devices) > 1:
-            mem_lb = max(mem_lb, least_time_for_shared_channel(devices))
+        alone = len(devices) == 1
+        joint = (
+            least_time_for_memory(*devices[0]) if alone else least_time_for_shared_channel(devices)
+        )
+        mem_lb = max(mem_lb, joint)
     return BoundParts(work_lb, fwd_lb, bwd_lb, mem_lb, drain_lb, fill_lb)
 
 
