@@ -16,21 +16,28 @@ runs, the strategy re-estimates the costs from what that schedule does:
 
 The calibrated ``Problem`` (same shape, memory and offload fields; only ``t_f``, ``t_b``, ``t_w``,
 ``t_bw`` change) is what the background re-solve judges incumbents on and what the predicted step
-time of the run log comes from. Everything here is pure: numbers in, a ``Problem`` out; the
-strategy does the collecting (``StepSampler``) and the collectives.
+time of the run log comes from. The functions are pure: numbers in, a ``Problem`` out.
+``StepSampler`` collects one rank's timings; ``Calibrator`` is the strategy's side: at a boundary
+where a calibration is due it gathers every stage's samples to global rank 0, which fits the
+calibrated problem and broadcasts it (with a record of what moved) to every rank.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ..schedule import Action, Problem, simulate
+from ..schedule import Action, Problem, Schedule, simulate
+from .process_groups import PipelineComm
+
+log = logging.getLogger(__name__)
 
 COMPUTE_OPS = ("F", "B", "W", "BW")
 _FIELD = {"F": "t_f", "B": "t_b", "W": "t_w", "BW": "t_bw"}
@@ -270,3 +277,79 @@ class StepSampler:
     def op_samples(self, stage: int) -> dict[OpKey, list[float]]:
         """This rank's samples keyed (stage, chunk, op), for gathering to global rank 0."""
         return {(stage, c, op): [x for step in q for x in step] for (op, c), q in self.ops.items()}
+
+
+MAX_CALIBRATION_RECORDS = 256  # Calibrator.records keeps the latest ones
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """What every rank learns from one calibration."""
+
+    problem: Problem  # the running schedule's problem with calibrated costs
+    record: dict[str, Any]  # step, schedule, seconds measured / predicted before and after, costs
+    first: bool  # the first calibration of this schedule
+
+
+class Calibrator:
+    """The running schedule's sampler, and the calibrations made from it (every rank holds one)."""
+
+    def __init__(self, comm: PipelineComm, every: int = 4, min_steps: int = 8) -> None:
+        self.comm = comm
+        self.sampler = StepSampler(every, min_steps)
+        self.overhead_in_problem = 0.0  # per-action overhead inside the running problem's costs
+        self.records: list[dict[str, Any]] = []  # every calibration (the latest ones)
+
+    def calibrate(
+        self, problem: Problem, schedule: Schedule, step: int
+    ) -> CalibrationResult | None:
+        """Fit the running schedule's costs to its recent steps (a collective: every rank).
+
+        Every rank's op samples go to global rank 0, which fits the calibrated problem
+        (``calibrate``) and broadcasts it. ``None`` when rank 0 could not fit one (never raised:
+        calibration must not stop training).
+        """
+        parts = self.comm.gather(self.sampler.op_samples(self.comm.pp_rank))
+        payload: tuple[str, dict[str, Any]] | None = None
+        if self.comm.is_global_zero:
+            samples: dict[OpKey, list[float]] = {}
+            for part in parts:
+                samples.update(part)
+            try:
+                cal = calibrate(
+                    problem,
+                    schedule.actions,
+                    samples,
+                    list(self.sampler.walls),
+                    self.overhead_in_problem,
+                    self.sampler.timed,
+                )
+                payload = (cal.problem.model_dump_json(), _record(cal))
+            except Exception as e:  # calibration must never stop training
+                log.warning("optpipe: calibration skipped (%s)", e)
+        payload = self.comm.broadcast(payload)
+        if payload is None:
+            return None
+        record: dict[str, Any] = {"step": step, "schedule": schedule.generator}
+        record.update(payload[1])
+        self.records.append(record)
+        del self.records[:-MAX_CALIBRATION_RECORDS]
+        self.overhead_in_problem = float(record["overhead_seconds"])
+        return CalibrationResult(
+            Problem.model_validate_json(payload[0]), record, self.sampler.calibrations <= 1
+        )
+
+
+def _record(cal: Calibration) -> dict[str, Any]:
+    return {
+        "measured_seconds": cal.measured,
+        "previous_seconds": cal.previous,
+        "predicted_seconds": cal.predicted,
+        "overhead_seconds": cal.overhead,
+        "steps": cal.steps,
+        "timed_steps": cal.timed_steps,
+        "t_f": cal.compute.cost("t_f").tolist(),
+        "t_b": cal.compute.cost("t_b").tolist(),
+        "t_w": cal.compute.cost("t_w").tolist(),
+        "t_bw": cal.compute.cost("t_bw").tolist(),
+    }

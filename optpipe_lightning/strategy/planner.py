@@ -6,7 +6,8 @@
   (unit per layer by default) and no memory limit -- enough to order ops safely.
 - ``choose_schedule``: a baseline by name, or ``"optimal"`` (the solver when it is installed, else
   the best feasible baseline); always simulator-checked; ``NoScheduleError`` with the reason when
-  nothing fits.
+  nothing fits. ``best_baseline``: the fastest feasible baseline alone (what runs while the
+  background solver works).
 - ``profiling_schedule``: what the profiling steps run: all forwards, then for each microbatch in
   reverse order B then W on every stage (split backward, one op at a time per stage), so every op
   kind is timed on its own.
@@ -158,23 +159,43 @@ def choose_schedule(
             ) from e
         except Exception as e:  # the solver failing must not stop training: fall back
             log.warning("optpipe: solver failed (%s); using the best baseline", e)
-    for base in BASELINE_NAMES:
+    base, span = _fastest_baseline(problem)
+    if base is not None and span < best_span - 1e-12:
+        best = base
+    if best is None:
+        raise _nothing_fits(problem)
+    return best
+
+
+def best_baseline(problem: Problem) -> Schedule:
+    """The fastest feasible baseline (what runs while the background solver works)."""
+    best, _ = _fastest_baseline(problem)
+    if best is None:
+        raise _nothing_fits(problem)
+    return best
+
+
+def _fastest_baseline(problem: Problem) -> tuple[Schedule | None, float]:
+    best: Schedule | None = None
+    span = float("inf")
+    for name in BASELINE_NAMES:
         try:
-            sched = generate(base, problem)
+            sched = generate(name, problem)
         except (NotApplicable, ImportError, KeyError):
             continue
         except Exception as e:  # a broken generator must not stop training
-            log.debug("optpipe: baseline %s failed: %s", base, e)
+            log.debug("optpipe: baseline %s failed: %s", name, e)
             continue
-        res_sim = simulate(problem, sched.actions)
-        if res_sim.feasible and (res_sim.makespan or float("inf")) < best_span - 1e-12:
-            best, best_span = sched, float(res_sim.makespan or float("inf"))
-    if best is None:
-        lim = problem.memory_limits()
-        raise NoScheduleError(
-            f"no schedule fits the memory limit {lim} bytes per stage for "
-            f"{problem.num_microbatches} microbatches on {problem.num_stages} stages"
-            + ("" if problem.offload else " (offload is off)")
-            + "; raise memory_limit, enable offload, or use more stages"
-        )
-    return best
+        res = simulate(problem, sched.actions)
+        if res.feasible and (res.makespan or float("inf")) < span - 1e-12:
+            best, span = sched, float(res.makespan or float("inf"))
+    return best, span
+
+
+def _nothing_fits(problem: Problem) -> NoScheduleError:
+    return NoScheduleError(
+        f"no schedule fits the memory limit {problem.memory_limits()} bytes per stage for "
+        f"{problem.num_microbatches} microbatches on {problem.num_stages} stages"
+        + ("" if problem.offload else " (offload is off)")
+        + "; raise memory_limit, enable offload, or use more stages"
+    )

@@ -13,12 +13,13 @@ move it.
 
 from __future__ import annotations
 
+import logging
 import socket
 import statistics
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,13 @@ from ..schedule.profile import (
     StageProfile,
 )
 from .calibration import fit_overhead, robust_mean
+from .process_groups import PipelineComm, gather
 from .stage import RankCursor
+
+if TYPE_CHECKING:
+    from .engine import PipelineEngine
+
+log = logging.getLogger(__name__)
 
 _MIN_SECONDS = 1e-7
 
@@ -113,14 +120,6 @@ def with_overhead(profile: Profile, seconds: float) -> Profile:
         for sp in profile.stages
     ]
     return profile.model_copy(update={"stages": stages})
-
-
-def gather(obj: Any, group: Any) -> list[Any]:
-    if not dist.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
 
 
 def measure_p2p(
@@ -259,3 +258,45 @@ def build_profile(
         h2d_bandwidth=h2d,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+
+
+def profile_pipeline(
+    engine: PipelineEngine,
+    comm: PipelineComm,
+    hardware: HardwareFingerprint,
+    model: ModelFingerprint,
+    step_seconds: Sequence[float],
+) -> tuple[Profile, float]:
+    """The profile of the profiling steps that just ran (a collective over the pipeline).
+
+    Every stage's op samples and saved bytes, a p2p ping-pong between neighbours and the host
+    copy bandwidths are gathered; global rank 0 fits the per-action runtime overhead to the
+    timed steps' wall times ``step_seconds`` (the first is the warm-up, left out) and adds it to
+    every op, so the simulator predicts wall time. Returns (the profile, the overhead) on every
+    rank (the overhead is rank 0's; 0 elsewhere).
+    """
+    problem, cursor, device = engine.problem, engine.cursor, engine.device
+    rows = local_measurements(cursor, comm.pp_rank, problem.num_chunks)
+    gathered = comm.gather(rows)
+    out_bytes = max(comm.gather(max(cursor.out_bytes or [4])))
+    p2p = measure_p2p(int(out_bytes), comm.pp_rank, comm.num_stages, comm.pp_group, device)
+    bws = comm.gather(measure_copy_bandwidth(device))
+    profile = build_profile(
+        gathered,
+        hardware,
+        model,
+        problem.num_microbatches,
+        problem.placement,
+        p2p,
+        min(b[0] for b in bws),
+        min(b[1] for b in bws),
+    )
+    overhead = 0.0
+    if comm.is_global_zero:
+        # the runtime's per-action overhead (p2p posting, waits, Python), so the simulator
+        # predicts wall time, not compute time; the warm-up step is left out
+        overhead = runtime_overhead(profile, engine.schedule.actions, step_seconds[1:])
+        profile = with_overhead(profile, overhead)
+        log.info("optpipe: runtime overhead %.3g ms per action", 1e3 * overhead)
+    profile = Profile.model_validate_json(comm.broadcast(profile.model_dump_json()))
+    return profile, overhead

@@ -10,6 +10,12 @@ at the same optimizer-step boundary, and a schedule that fails the simulator nev
 executor. When the strategy calibrates the costs from the running schedule
 (``calibration.py``), ``update_problem`` makes the solver judge incumbents on the calibrated
 problem.
+
+``OnlineResolve`` is the strategy's side, the same on every rank: ``start`` (rank 0 starts the
+solver, every rank learns whether it runs), ``poll`` at each optimizer-step boundary (rank 0's
+decision, broadcast), ``on_calibrated`` (the solver judges incumbents on the calibrated costs; a
+solver that has finished solves again when the costs moved by more than ``RESOLVE_DRIFT`` from
+the ones it solved, at most ``MAX_CALIBRATED_RESOLVES`` times per run) and ``stop``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schedule import Action, Problem, Schedule, simulate
+from .calibration import max_cost_change
+from .process_groups import PipelineComm
 
 log = logging.getLogger(__name__)
+
+RESOLVE_DRIFT = 0.10  # calibrated costs this far from the solved ones start a new solve
+MAX_CALIBRATED_RESOLVES = 2
 
 
 def _solver_main(problem_json: str, backend: str, time_limit: float, out: Any) -> None:
@@ -127,3 +138,80 @@ class BackgroundSolver:
             self.proc.terminate()
         self.proc.join(timeout=5)
         self.done = True
+
+
+class OnlineResolve:
+    """The background solver seen from the training loop (every rank holds one)."""
+
+    def __init__(
+        self,
+        comm: PipelineComm,
+        backend: str = "auto",
+        time_limit: float = 30.0,
+        min_gain: float = 0.01,
+        start_method: str = "spawn",
+        on_message: Any = None,
+    ) -> None:
+        self.comm = comm
+        self.backend = backend
+        self.time_limit = time_limit
+        self.min_gain = min_gain
+        self.start_method = start_method
+        self.solver: BackgroundSolver | None = None  # global rank 0 only
+        self.active = False  # a solve runs (the same on every rank)
+        self.solved_problem: Problem | None = None  # what the solver last solved
+        self.calibrated_resolves = 0
+        self._message = on_message or (lambda text: log.info("%s", text))
+
+    def start(self, problem: Problem, current: Schedule) -> None:
+        """Start solving ``problem`` (rank 0); ``current`` is what an incumbent must beat."""
+        self.solved_problem = problem
+        ok = False
+        if self.comm.is_global_zero:
+            try:
+                import optpipe_lightning.solver as solver_mod
+
+                if hasattr(solver_mod, "solve"):
+                    span = simulate(problem, current.actions).makespan or float("inf")
+                    self.solver = BackgroundSolver(
+                        problem,
+                        span,
+                        self.backend,
+                        self.time_limit,
+                        min_gain=self.min_gain,
+                        start_method=self.start_method,
+                    )
+                    ok = True
+            except Exception as e:
+                log.warning("optpipe: online re-solve unavailable (%s)", e)
+        self.active = bool(self.comm.broadcast(ok))
+
+    def poll(self) -> SwitchDecision:
+        """Rank 0's decision at this boundary, on every rank (a collective while active)."""
+        if not self.active:
+            return SwitchDecision("none")
+        decision = self.solver.poll() if self.solver is not None else SwitchDecision("none")
+        decision = self.comm.broadcast(decision)
+        if decision.kind == "done":
+            self.active = False
+        return decision
+
+    def on_calibrated(self, problem: Problem, current: Schedule) -> None:
+        """The costs were calibrated: judge incumbents on them, or solve again when they moved."""
+        if self.solver is not None:
+            self.solver.update_problem(problem, current.actions)
+        if (
+            not self.active
+            and self.solved_problem is not None
+            and self.calibrated_resolves < MAX_CALIBRATED_RESOLVES
+            and max_cost_change(self.solved_problem, problem) > RESOLVE_DRIFT
+        ):
+            self.calibrated_resolves += 1
+            self.stop()
+            self._message(f"optpipe: costs moved > {round(100 * RESOLVE_DRIFT)}%: solving again")
+            self.start(problem, current)
+
+    def stop(self) -> None:
+        if self.solver is not None:
+            self.solver.stop()
+            self.solver = None

@@ -2,7 +2,9 @@
 
 Only global rank 0 talks to the database; every call is wrapped so a failure logs one warning and
 switches the link off, unless the user asked for ``require_database=True`` (then opening fails
-loudly before training starts).
+loudly before training starts). A run records its profile, every schedule it switches to (and
+the switch), every optimizer step's measured and predicted seconds against the schedule that
+ran it, and how it ended (``finished``, ``failed`` or ``interrupted``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class RunLog:
     def __init__(self, url: str | None, enabled: bool, required: bool = False) -> None:
         self.db: Any = None
         self.run_id: int | None = None
-        self.schedule_ids: dict[str, int] = {}  # schedule digest -> id
+        self.schedule_id: int | None = None  # the running schedule's id
         if not enabled:
             return
         try:
@@ -70,10 +72,6 @@ class RunLog:
         )
         return sid
 
-    def best_schedule(self, problem: Problem) -> Schedule | None:
-        got = self._call("lookup", lambda repo, s: repo.best_schedule(s, problem.hash))
-        return None if got is None else got[1]
-
     def start_run(
         self, hardware: HardwareFingerprint, model: ModelFingerprint, config: dict[str, Any]
     ) -> None:
@@ -85,16 +83,12 @@ class RunLog:
         )
 
     def record_step(
-        self,
-        step: int,
-        seconds: float,
-        predicted: float | None,
-        schedule_id: int | None,
-        peak_memory: list[float],
+        self, step: int, seconds: float, predicted: float | None, peak_memory: list[float]
     ) -> None:
+        """One optimizer step, against the schedule that ran it."""
         if self.run_id is None:
             return
-        run_id = self.run_id
+        run_id, schedule_id = self.run_id, self.schedule_id
         self._call(
             "record",
             lambda repo, s: repo.record_step(
@@ -108,7 +102,11 @@ class RunLog:
             ),
         )
 
-    def record_switch(self, step: int, from_id: int | None, to_id: int | None, reason: str) -> None:
+    def record_switch(self, step: int, schedule: Schedule, problem: Problem, reason: str) -> None:
+        """``schedule`` runs from ``step`` on: store it and the switch to it."""
+        from_id = self.schedule_id
+        self.schedule_id = self.store_schedule(schedule, problem, source=reason)
+        to_id = self.schedule_id
         if self.run_id is None or to_id is None:
             return
         run_id = self.run_id

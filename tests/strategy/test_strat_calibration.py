@@ -215,57 +215,66 @@ class _FakeSolver:
         pass
 
 
-def test_strategy_calibrates_its_problem_prediction_and_solver(
+def test_scheduler_calibrates_its_problem_prediction_and_solver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The strategy's wiring without processes: sampler -> _calibrate -> engine, run log
-    prediction, background solver, and a new solve once the solver is done."""
-    from optpipe_lightning.strategy.strategy import OptPipeConfigError, OptPipeStrategy
+    """The wiring without processes: sampler -> Calibrator -> engine, run log prediction,
+    background solver, and a new solve once the solver is done."""
+    import torch
+    from torch import nn
+
+    from optpipe_lightning.strategy.contract import PipelineSpec
+    from optpipe_lightning.strategy.options import OptPipeConfigError, PipelineOptions
+    from optpipe_lightning.strategy.process_groups import PipelineComm
+    from optpipe_lightning.strategy.scheduling import Scheduler
 
     with pytest.raises(OptPipeConfigError, match="calibrate_every"):
-        OptPipeStrategy(calibrate_every=0)
-    strat = OptPipeStrategy(num_stages=P, num_microbatches=M, calibrate_every=1)
+        PipelineOptions(calibrate_every=0)
+    options = PipelineOptions(num_stages=P, num_microbatches=M, calibrate_every=1)
+    spec = PipelineSpec(layers=[nn.Linear(2, 2), nn.Linear(2, 2)], loss_fn=lambda o, y: o.sum())
+    sch = Scheduler(options, spec, PipelineComm(P), torch.device("cpu"), [1, 1], M)
     profiled = with_action_overhead(_problem(*(3 * [[0.02, 0.02]]), [0.03, 0.03]), 0.001)
     sched = generate("1f1b", profiled)
     engine = SimpleNamespace(problem=profiled, schedule=sched)
-    strat.engine = engine  # type: ignore[assignment]
-    strat._overhead_in_problem = 0.001
-    strat._predicted = float(simulate(profiled, sched.actions).makespan or 0.0)
+    sch.engine = engine  # type: ignore[assignment]
+    sch.calibrator.overhead_in_problem = 0.001
+    sch.predicted = float(simulate(profiled, sched.actions).makespan or 0.0)
     solver = _FakeSolver()
-    strat._solver = solver  # type: ignore[assignment]
-    strat._solved_problem = profiled
+    sch.resolve.solver = solver  # type: ignore[assignment]
+    sch.resolve.solved_problem = profiled
     restarts: list[Problem] = []
-    monkeypatch.setattr(strat, "_start_resolve", lambda pb, cur: restarts.append(pb))
+    monkeypatch.setattr(sch.resolve, "start", lambda pb, cur: restarts.append(pb))
     real = float(simulate(with_action_overhead(TRUE, TRUE_OVERHEAD), sched.actions).makespan or 0)
     rng = random.Random(5)
     # one process plays both ranks: its sampler's samples are every stage's (gather is [mine])
     every_stage: dict[tuple[int, int, str], list[float]] = {}
-    monkeypatch.setattr(strat._sampler, "op_samples", lambda stage: every_stage)
+    sampler = sch.calibrator.sampler
+    monkeypatch.setattr(sampler, "op_samples", lambda stage: every_stage)
     steps = 0
-    while not strat._sampler.due():
-        timed = strat._sampler.time_ops_next()
-        strat._sampler.record(real, timed, {})
+    while not sampler.due():
+        timed = sampler.time_ops_next()
+        sampler.record(real, timed, {})
         if timed:
             for k, xs in _samples(sched.actions, rng, steps=1).items():
                 every_stage.setdefault(k, []).extend(xs)
         steps += 1
     assert steps == 9  # one warm-up step, then calibrate_min_steps = 8
-    strat._sampler._due = True
-    strat._resolving = True  # the solver still runs: it gets the new problem, no restart
-    strat._calibrate()
-    assert len(strat.calibrations) == 1
-    rec = strat.calibrations[0]
+    sampler._due = True
+    sch.resolve.active = True  # the solver still runs: it gets the new problem, no restart
+    sch.calibrate()
+    assert len(sch.calibrations) == 1
+    rec = sch.calibrations[0]
     assert rec["predicted_seconds"] == pytest.approx(real, rel=0.02)
     assert rec["previous_seconds"] > 1.5 * real
-    assert strat._predicted == pytest.approx(rec["predicted_seconds"])
+    assert sch.predicted == pytest.approx(rec["predicted_seconds"])
     assert engine.problem is not profiled
     assert engine.problem.cost("t_f")[0, 0] == pytest.approx(
         TRUE_F[0] + rec["overhead_seconds"], rel=0.03
     )
     assert solver.problems == [engine.problem] and not restarts
     # the solver finished: costs moved > 10% from what it solved -> a new solve, on the new costs
-    strat._resolving = False
-    strat._calibrate()
+    sch.resolve.active = False
+    sch.calibrate()
     assert len(restarts) == 1 and restarts[0] == engine.problem
 
 

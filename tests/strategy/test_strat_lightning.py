@@ -298,7 +298,7 @@ class WaitForSolver(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         strat = trainer.strategy
         assert isinstance(strat, OptPipeStrategy)
-        solver = strat._solver
+        solver = strat.scheduler.resolve.solver if strat.scheduler is not None else None
         if solver is not None and not getattr(self, "waited", False):
             solver.proc.join(timeout=60)
             self.waited = True
@@ -309,20 +309,20 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy import strategy as strategy_mod
+    from optpipe_lightning.strategy import profiler, scheduling
 
     # start from GPipe so the solver has something to improve on (forked workers inherit this)
-    monkeypatch.setattr(strategy_mod, "_best_baseline", lambda pb: generate("gpipe", pb))
+    monkeypatch.setattr(scheduling, "best_baseline", lambda pb: generate("gpipe", pb))
     # price a fused backward as B + W: whether a measured fused backward happens to be cheaper
     # on this machine must not decide whether the solver's schedule beats GPipe here
-    real_build = strategy_mod.build_profile
+    real_build = profiler.build_profile
 
     def split_priced(*args: Any, **kwargs: Any) -> Any:
         prof = real_build(*args, **kwargs)
         stages = [sp.model_copy(update={"bw": None}) for sp in prof.stages]
         return prof.model_copy(update={"stages": stages})
 
-    monkeypatch.setattr(strategy_mod, "build_profile", split_priced)
+    monkeypatch.setattr(profiler, "build_profile", split_priced)
     ref_losses, ref_state = reference(5)
     out = tmp_path / "r"
     out.mkdir()

@@ -1,0 +1,82 @@
+"""Who talks to whom: the pipeline and data-parallel groups, and the collectives the strategy uses.
+
+World rank ``r * p + s`` is stage ``s`` of pipeline replica ``r`` (``p`` stages, ``d`` replicas):
+one pipeline group per replica (its ``p`` stages), one data-parallel group per stage (its ``d``
+copies). ``PipelineComm`` carries the groups and this rank's place in them, with the two
+collectives every part of the strategy needs: an object broadcast from global rank 0 (the rank
+that decides: schedules, calibrations, re-solves) and an all-gather over this pipeline. Without
+a process group (tests in one process) both are the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+
+def gather(obj: Any, group: Any) -> list[Any]:
+    """Every rank's ``obj`` of ``group``, in rank order (``[obj]`` without a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+@dataclass
+class PipelineComm:
+    """This rank's groups and the collectives over them."""
+
+    num_stages: int
+    data_parallel: int = 1
+    global_rank: int = 0
+    pp_group: Any = None  # this replica's pipeline (None: no process group)
+    dp_group: Any = None  # this stage's replicas (None: one replica)
+
+    @property
+    def pp_rank(self) -> int:
+        return self.global_rank % self.num_stages
+
+    @property
+    def dp_rank(self) -> int:
+        return self.global_rank // self.num_stages
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Global rank 0's ``obj`` on every rank of the world."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, 0, group=dist.group.WORLD)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every stage's ``obj`` of this pipeline, in stage order."""
+        return gather(obj, self.pp_group)
+
+
+def make_groups(num_stages: int, data_parallel: int, global_rank: int) -> PipelineComm:
+    """The pipeline and data-parallel groups (every rank creates every group, in one order)."""
+    comm = PipelineComm(num_stages, data_parallel, global_rank)
+    p, d = num_stages, data_parallel
+    if d == 1:
+        comm.pp_group = dist.group.WORLD
+        return comm
+    for r in range(d):
+        g = dist.new_group(list(range(r * p, (r + 1) * p)))
+        if r == comm.dp_rank:
+            comm.pp_group = g
+    for s in range(p):
+        g = dist.new_group([r * p + s for r in range(d)])
+        if s == comm.pp_rank:
+            comm.dp_group = g
+    return comm

@@ -1,0 +1,457 @@
+"""Which schedule runs, from the first training step to the last (one ``Scheduler`` per fit).
+
+The first training step builds the engine once the batch size is known: a stored profile of the
+same model on the same hardware gives the problem and the schedule at once; else the first
+``profile_steps + 1`` steps run the profiling schedule (the first one a warm-up), and at the
+boundary after them the profile is built (``profiler.profile_pipeline``), the layer groups may
+be re-balanced by the measured per-layer costs (``repartition.py``, then profiling starts again
+on the new partition), and the schedule is chosen on the profiled problem. Global rank 0 picks,
+every rank switches at the same optimizer-step boundary. After that, each boundary records the
+step (``run_log.py``), calibrates the costs from the running schedule when due
+(``calibration.Calibrator``) and switches to a better solver incumbent when one arrives
+(``resolve.OnlineResolve``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from ..schedule import Problem, Schedule, simulate
+from ..schedule.profile import Profile
+from .calibration import Calibrator
+from .contract import PipelineSpec
+from .engine import PipelineEngine, ScheduleRejectedError
+from .options import OptPipeConfigError, PipelineOptions
+from .planner import (
+    NoScheduleError,
+    best_baseline,
+    choose_schedule,
+    initial_problem,
+    profiling_schedule,
+)
+from .process_groups import PipelineComm
+from .profiler import (
+    hardware_fingerprint,
+    model_fingerprint,
+    profile_pipeline,
+)
+from .repartition import move_to_partition, profiled_partition
+from .resolve import OnlineResolve
+from .run_log import RunLog
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """The engine and the schedule it runs; every method is called on every rank together."""
+
+    def __init__(
+        self,
+        options: PipelineOptions,
+        spec: PipelineSpec,
+        comm: PipelineComm,
+        device: torch.device,
+        partition: Sequence[int],
+        num_microbatches: int,
+        model_name: str = "model",
+        backend: str = "gloo",
+    ) -> None:
+        self.options = options
+        self.spec = spec
+        self.comm = comm
+        self.device = device
+        self.partition = list(partition)
+        self.num_microbatches = num_microbatches
+        self.model_name = model_name
+        self.backend = backend
+        self.num_chunks, self.placement = options.chunks
+        self.engine: PipelineEngine | None = None
+        self.eval_engine: PipelineEngine | None = None
+        self.phase = "new"  # new -> profiling -> run
+        self.optimizer_steps = 0
+        self.predicted: float | None = None  # the running schedule's makespan (seconds)
+        self.switches: list[dict[str, Any]] = []  # every switch: step, generator, reason
+        self.profile: Profile | None = None
+        self.run_log: RunLog | None = None
+        self.calibrator = Calibrator(comm, options.calibrate_every, options.calibrate_min_steps)
+        self.resolve = OnlineResolve(
+            comm,
+            options.solver_backend,
+            options.solver_time_limit,
+            options.resolve_min_gain,
+            options.resolve_start_method,
+        )
+        self._hardware: Any = None
+        self._model_fp: Any = None
+        self._profiled_steps = 0
+        self._profile_walls: list[float] = []  # wall seconds of each profiling step
+        self._may_repartition = False
+        self._step_seconds = 0.0
+        self._step_count = 0  # pipeline steps in this optimizer step (accumulate_grad_batches)
+
+    @property
+    def calibrations(self) -> list[dict[str, Any]]:
+        return self.calibrator.records
+
+    # ---- the problem -------------------------------------------------------------------------
+
+    def shape_problem(self) -> Problem:
+        """The pipeline's shape with costs proportional to the layer groups' relative costs."""
+        costs = (
+            list(self.spec.layer_costs)
+            if self.spec.layer_costs is not None
+            else [1.0] * len(self.spec.layers)
+        )
+        bounds, start = [], 0
+        for size in self.partition:
+            bounds.append(sum(costs[start : start + size]))
+            start += size
+        return initial_problem(
+            self.comm.num_stages, self.num_microbatches, self.num_chunks, self.placement, bounds
+        )
+
+    def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
+        """Activation bytes per stage (``"auto"``: 90% of the device memory less parameters,
+        gradients, optimizer state and what is allocated; unlimited on CPU)."""
+        opt = self.options.memory_limit
+        if opt is None:
+            return None
+        if opt != "auto":
+            return [float(opt)] * self.comm.num_stages
+        dev = self.device
+        if dev.type != "cuda":
+            return None
+        total = float(torch.cuda.get_device_properties(dev).total_memory)  # pragma: no cover
+        state = 4.0 * sum(p.numel() * p.element_size() for p in local_params)  # pragma: no cover
+        mine = max(total * 0.9 - state - torch.cuda.memory_allocated(dev), 1.0)  # pragma: no cover
+        return [float(x) for x in self.comm.gather(mine)]  # pragma: no cover
+
+    def problem_from_profile(self, profile: Profile) -> Problem:
+        assert self.engine is not None
+        limit = self.memory_limit(self.engine.parameters)
+        problem: Problem = profile.to_problem(memory_limit=limit)
+        if not self.options.offload and problem.offload is not None:
+            problem = problem.with_changes(offload=None)
+        return problem
+
+    def config(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "num_stages": self.comm.num_stages,
+            "num_microbatches": self.num_microbatches,
+            "num_chunks": self.num_chunks,
+            "schedule": o.schedule,
+            "memory_limit": o.memory_limit if o.memory_limit != "auto" else "auto",
+            "offload": o.offload,
+            "data_parallel": o.data_parallel,
+            "partition": self.partition,
+            "profile_steps": o.profile_steps,
+            "online_resolve": o.online_resolve,
+            "calibrate": o.calibrate,
+            "calibrate_every": o.calibrate_every,
+            "calibrate_min_steps": o.calibrate_min_steps,
+        }
+
+    # ---- the engine --------------------------------------------------------------------------
+
+    def new_engine(self, problem: Problem, schedule: Schedule, measure: bool) -> PipelineEngine:
+        return PipelineEngine(
+            list(self.spec.layers),
+            self.spec.loss_fn,
+            problem,
+            schedule,
+            self.partition,
+            self.comm.pp_rank,
+            self.comm.pp_group,
+            self.device,
+            offload_min_bytes=self.options.offload_min_bytes,
+            measure=measure,
+        )
+
+    def build(self, batch_size: int, world_size: int) -> None:
+        """The training engine, on the first step: stored profile, or the profiling phase."""
+        m = self.num_microbatches
+        if batch_size % m != 0:
+            raise OptPipeConfigError(
+                f"batch size {batch_size} does not divide into num_microbatches={m}; use a batch "
+                f"size that is a multiple of {m} (and drop_last=True in the DataLoader)"
+            )
+        o = self.options
+        base = self.shape_problem()
+        # on GPU a step that times its ops synchronises after each one: keep its wall time out
+        self.calibrator.sampler.walls_of_timed_steps = self.device.type != "cuda"
+        self._hardware = hardware_fingerprint(self.device, world_size, self.backend)
+        self._model_fp = model_fingerprint(
+            self.model_name,
+            self.spec.layers,
+            batch_size // m,
+            self.comm.num_stages,
+            self.num_chunks,
+            self.partition,
+        )
+        if self.comm.is_global_zero:
+            self.run_log = RunLog(o.database, o.use_database, o.require_database)
+        stored_json = self._stored_profile()
+        if stored_json is not None or o.profile_steps == 0:
+            # no profiling: schedule from the stored profile (or unit costs)
+            self.engine = self.new_engine(base, profiling_schedule(base), measure=False)
+            if stored_json is not None:
+                self.profile = Profile.model_validate_json(stored_json)
+                self.adopt(self.problem_from_profile(self.profile), "stored profile")
+            else:
+                self.adopt(base, "no profiling (unit costs)")
+        else:
+            self.engine = self.new_engine(base, profiling_schedule(base), measure=True)
+            self.phase = "profiling"
+            self._may_repartition = o.partition is None and o.repartition
+            if self._may_repartition:
+                self.engine.instrument_layers(True)
+        if self.run_log is not None and self.run_log.active:
+            self.run_log.start_run(self._hardware, self._model_fp, self.config())
+
+    def _stored_profile(self) -> str | None:
+        """Rank 0's stored profile of this model on this hardware (JSON), on every rank."""
+        stored = None
+        if self.run_log is not None and self.run_log.active:
+            stored = self.run_log.find_profile(self._hardware, self._model_fp)
+        return self.comm.broadcast(None if stored is None else stored.model_dump_json())
+
+    def evaluation_engine(self, batch_size: int) -> PipelineEngine:
+        """The forward-only engine of validation (built on the first validation batch)."""
+        if self.eval_engine is None:
+            m = self.num_microbatches
+            if batch_size % m != 0:
+                raise OptPipeConfigError(
+                    f"validation batch size {batch_size} does not divide into "
+                    f"num_microbatches={m}; use a multiple of {m} and drop_last=True"
+                )
+            base = self.shape_problem()
+            self.eval_engine = self.new_engine(base, profiling_schedule(base), measure=False)
+        return self.eval_engine
+
+    # ---- a step ------------------------------------------------------------------------------
+
+    def run_step(self, inputs: Any, targets: Any, grad_scale: float) -> Tensor:
+        """One pipelined step, timed (profiling steps, calibration samples, the run log)."""
+        assert self.engine is not None
+        cursor = self.engine.cursor
+        sampler = self.calibrator.sampler
+        sampling = self.phase == "run" and self.options.calibrate
+        if sampling:
+            cursor.measure = sampler.time_ops_next()
+        t0 = time.perf_counter()
+        loss = self.engine.step(inputs, targets, grad_scale=grad_scale)
+        elapsed = time.perf_counter() - t0
+        self._step_seconds += elapsed
+        self._step_count += 1
+        if self.phase == "profiling":
+            self._profile_walls.append(elapsed)
+            if len(self._profile_walls) == 1:
+                cursor.drop_times()  # the warm-up step's op times; its byte counts stay
+            cursor.count_bytes = False  # bytes: warm-up step only
+        elif sampling:
+            sampler.record(elapsed, cursor.measure, cursor.times)
+            cursor.drop_times()
+            cursor.measure = False
+        return loss
+
+    # ---- the optimizer-step boundary ---------------------------------------------------------
+
+    def at_boundary(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
+        """Every rank, same optimizer step: record, end profiling, calibrate, switch."""
+        self.optimizer_steps += 1
+        seconds, self._step_seconds = self._step_seconds, 0.0
+        count, self._step_count = max(self._step_count, 1), 0
+        peaks: list[float] = []
+        if self.device.type == "cuda":  # pragma: no cover - GPU only
+            peaks = [
+                float(x) for x in self.comm.gather(torch.cuda.max_memory_allocated(self.device))
+            ]
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.run_log is not None and self.run_log.active and self.engine is not None:
+            # predictions only for schedules chosen on measured costs (not while profiling)
+            # (one pipeline step per accumulated batch: the optimizer step takes ``count`` of them)
+            pred = self.predicted * count if self.phase == "run" and self.predicted else None
+            self.run_log.record_step(self.optimizer_steps, seconds, pred, peaks)
+        if self.phase == "run" and self.options.calibrate and self.calibrator.sampler.due():
+            self.calibrate()
+        if self.phase == "profiling":
+            self._profiled_steps += 1
+            if self._profiled_steps >= self.options.profile_steps + 1:  # first: a warm-up
+                self.finish_profiling(module, optimizers)
+            return
+        decision = self.resolve.poll()
+        if decision.kind == "switch":
+            assert self.engine is not None
+            sched = Schedule.from_json(decision.schedule_json)
+            self.switch(sched, self.engine.problem, decision.reason)
+
+    def adopt(self, problem: Problem, reason: str) -> None:
+        """Choose the schedule on global rank 0, broadcast it, switch every rank to it."""
+        o = self.options
+        payload: tuple[str, str]
+        if self.comm.is_global_zero:
+            try:
+                if o.schedule_source is not None:
+                    sched = o.schedule_source(problem)
+                elif o.schedule == "optimal" and o.online_resolve:
+                    # with online re-solve the best baseline starts now, the solver catches up
+                    sched = best_baseline(problem)
+                else:
+                    sched = choose_schedule(
+                        o.schedule, problem, o.solver_backend, o.solver_time_limit
+                    )
+                payload = ("ok", sched.model_copy(update={"problem": problem}).to_json())
+            except (NoScheduleError, ScheduleRejectedError, ValueError) as e:
+                payload = ("error", str(e))
+        else:
+            payload = ("", "")
+        payload = self.comm.broadcast(payload)
+        if payload[0] == "error":
+            raise NoScheduleError(payload[1])
+        sched = Schedule.from_json(payload[1])
+        # rank 0's problem for everyone (memory limits may differ a little between replicas)
+        problem = sched.problem or problem
+        self.switch(sched, problem, reason)
+        self.phase = "run"
+        if o.online_resolve and o.schedule_source is None and o.schedule == "optimal":
+            self.resolve.start(problem, sched)
+
+    def switch(self, schedule: Schedule, problem: Problem, reason: str) -> None:
+        assert self.engine is not None
+        old = self.engine.schedule.generator
+        self.engine.switch(schedule, problem)
+        self.engine.cursor.set_measure(False)
+        self.calibrator.sampler.reset()  # calibration data belongs to the schedule that made it
+        pred = simulate(problem, schedule.actions).makespan
+        self.predicted = pred
+        self.switches.append(
+            {
+                "step": self.optimizer_steps,
+                "from": old,
+                "to": schedule.generator,
+                "reason": reason,
+                "predicted_seconds": pred,
+            }
+        )
+        log.info(
+            "optpipe: step %d: schedule %s -> %s (%s), predicted %.6gs",
+            self.optimizer_steps,
+            old,
+            schedule.generator,
+            reason,
+            pred or float("nan"),
+        )
+        if self.run_log is not None and self.run_log.active:
+            self.run_log.record_switch(self.optimizer_steps, schedule, problem, reason)
+
+    def calibrate(self) -> None:
+        """Re-estimate the costs from the running schedule's steps (see ``Calibrator``); the
+        engine, the predicted step time and the background solver use them from now on."""
+        assert self.engine is not None
+        res = self.calibrator.calibrate(
+            self.engine.problem, self.engine.schedule, self.optimizer_steps
+        )
+        if res is None:
+            return
+        record = res.record
+        old_pred = self.predicted or 0.0
+        self.engine.problem = res.problem
+        self.predicted = float(record["predicted_seconds"])
+        # the first calibration of a schedule, and any that moves the prediction by > 5%, at INFO
+        moved = abs(self.predicted - old_pred) > 0.05 * max(old_pred, 1e-12)
+        log.log(
+            logging.INFO if res.first or moved else logging.DEBUG,
+            "optpipe: step %d: calibrated %s from %d steps (%d op-timed): measured %.6gs, "
+            "predicted %.6gs -> %.6gs, overhead %.3g ms per action",
+            self.optimizer_steps,
+            record["schedule"],
+            record["steps"],
+            record["timed_steps"],
+            record["measured_seconds"],
+            record["previous_seconds"],
+            record["predicted_seconds"],
+            1e3 * record["overhead_seconds"],
+        )
+        self.resolve.on_calibrated(res.problem, self.engine.schedule)
+
+    # ---- profiling ---------------------------------------------------------------------------
+
+    def finish_profiling(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
+        assert self.engine is not None
+        if self._may_repartition and self.repartition(module, optimizers):
+            self._profiled_steps = 0
+            self._profile_walls = []
+            stored_json = self._stored_profile()
+            if stored_json is None:
+                return  # profile again, on the new partition
+            self.profile = Profile.model_validate_json(stored_json)
+            self.adopt(self.problem_from_profile(self.profile), "stored profile")
+            return
+        self.engine.instrument_layers(False)
+        profile, overhead = profile_pipeline(
+            self.engine, self.comm, self._hardware, self._model_fp, self._profile_walls
+        )
+        self.calibrator.overhead_in_problem = overhead
+        if self.run_log is not None and self.run_log.active:
+            self.run_log.store_profile(profile)
+        self.profile = profile
+        self.adopt(self.problem_from_profile(profile), "profiled")
+
+    def repartition(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> bool:
+        """Re-balance the layer groups by the profiled per-layer costs (once, when it pays)."""
+        assert self.engine is not None
+        self._may_repartition = False
+        limits = self.memory_limit(self.engine.parameters)
+        decision = profiled_partition(
+            self.engine,
+            self.comm,
+            len(self.spec.layers),
+            self.comm.num_stages * self.num_chunks,
+            self.partition,
+            min(limits) if limits else None,
+        )
+        if decision is None:
+            return False
+        old = self.partition
+        move_to_partition(module, optimizers, self.engine, self.comm, self.device)
+        self.partition = list(decision)
+        assert self._model_fp is not None
+        self._model_fp = self._model_fp.model_copy(update={"partition": self.partition})
+        base = self.shape_problem()
+        self.engine.instrument_layers(False)
+        self.engine = self.new_engine(base, profiling_schedule(base), measure=True)
+        self.eval_engine = None
+        self.switches.append(
+            {
+                "step": self.optimizer_steps,
+                "from": "optpipe-profiling",
+                "to": "optpipe-profiling",
+                "reason": f"repartitioned {old} -> {self.partition}",
+                "predicted_seconds": None,
+            }
+        )
+        log.info(
+            "optpipe: step %d: layer groups %s -> %s (profiled per-layer costs)",
+            self.optimizer_steps,
+            old,
+            self.partition,
+        )
+        return True
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def close(self, status: str) -> None:
+        """Stop the background solver; record how the run ended."""
+        self.resolve.stop()
+        if self.run_log is not None:
+            self.run_log.finish(status)
+            self.run_log.close()
+            self.run_log = None
