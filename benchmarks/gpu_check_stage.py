@@ -371,6 +371,9 @@ def _schedule_with_offloads(problem: Problem, seconds: float) -> tuple[Schedule,
             s = generate(name, problem)
         except NotApplicable:
             continue
+        except Exception as e:  # a baseline that fails here is noted, the others still count
+            notes.append(f"{name}: {type(e).__name__}: {e}")
+            continue
         ev = simulate(problem, s).evaluation
         if ev.feasible and ev.makespan is not None and s.num_offloaded() > 0:
             cands.append((ev.makespan, s, f"baseline {name}"))
