@@ -150,6 +150,24 @@ def markdown(d: dict[str, Any]) -> str:
                 + f" | {_f(ratio.get('m_f_allocated', ratio.get('m_f')))} | "
                 f"{_f(row.get('implied_efficiency'))} |"
             )
+        mem = [row for row in r["sizes"] if "alloc_F" in row.get("measured", {})]
+        if mem:
+            lines += [
+                "",
+                "Allocator per op of the stage (MB; left allocated by the op, and peak above it):",
+                "",
+                "| layer | F | B | W | BW | peak F | peak B | peak W | peak BW |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for row in mem:
+                ms = row["measured"]
+                cells = [ms.get(f"alloc_{k}") for k in ("F", "B", "W", "BW")]
+                cells += [ms.get(f"peak_{k}") for k in ("F", "B", "W", "BW")]
+                lines.append(
+                    f"| {row['layer']} | "
+                    + " | ".join("n/a" if c is None else f"{c / 1e6:.4g}" for c in cells)
+                    + " |"
+                )
     r = secs.get("stage_schedule", {}).get("results", {})
     if r.get("predicted"):
         pr, ms = r["predicted"], r.get("measured", {})
@@ -169,6 +187,13 @@ def markdown(d: dict[str, Any]) -> str:
             f"| activation peak (MB) | {pr['activation_peak_bytes'] / 1e6:.4g} | "
             f"{'n/a' if peak is None else f'{peak / 1e6:.4g}'} | {_f(ms.get('peak_over_predicted'))} |"
         )
+        alt = pr.get("activation_peak_measured_deltas_bytes")
+        if alt:
+            lines.append(
+                f"| activation peak on measured per-op memory (MB) | {alt / 1e6:.4g} | "
+                f"{'n/a' if peak is None else f'{peak / 1e6:.4g}'} | "
+                f"{_f(ms.get('peak_over_predicted_measured_deltas'))} |"
+            )
         lines += [
             "",
             f"Offloads per step: {ms.get('offloads_per_step')} (schedule: {ms.get('schedule_offloads')}); "

@@ -26,17 +26,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from optpipe_lightning.schedule import Action, Problem, Schedule, simulate
-from optpipe_lightning.schedule.baselines import NotApplicable, generate, make_schedule
-from optpipe_lightning.schedule.model_estimate import DEVICES, ModelSpec, estimate_problem
-from optpipe_lightning.strategy.engine import PipelineEngine, ScheduleRejectedError
+if TYPE_CHECKING:
+    from optpipe_lightning.schedule import Action, Problem, Schedule
+    from optpipe_lightning.strategy.engine import PipelineEngine
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,8 @@ TINY = 1e-6  # seconds the harness gives group 0's ops in the simulator
 def harness_problem(m: int, c: dict[str, float], out_bytes: float, **kw: Any) -> Problem:
     """One device, two chunks: chunk 0 is ``Scale`` (its output, ``out_bytes``, lives until its
     backward), chunk 1 the stage under test with costs ``c``."""
+    from optpipe_lightning.schedule import Problem
+
     off = kw.pop("offload_bytes", None)
     bw = kw.pop("bandwidth", None)
     if off is not None and bw is not None:
@@ -114,8 +115,9 @@ def harness_problem(m: int, c: dict[str, float], out_bytes: float, **kw: Any) ->
         t_w=[[TINY, c["t_w"]]],
         t_bw=[[TINY, c["t_bw"]]],
         m_f=[[out_bytes, c["m_f"]]],
-        m_b=[[0.0, 0.0]],  # torch's input-gradient pass keeps the graph: W frees everything
-        m_w=[[-out_bytes, -c["m_f"]]],
+        # torch's input-gradient pass keeps the graph: by default W frees everything
+        m_b=[[0.0, c.get("m_b", 0.0)]],
+        m_w=[[-out_bytes, -c["m_f"] - c.get("m_b", 0.0)]],
         **kw,
     )
 
@@ -123,6 +125,8 @@ def harness_problem(m: int, c: dict[str, float], out_bytes: float, **kw: Any) ->
 def harness_row(row: list[Action]) -> list[Action]:
     """A one-chunk stage's action list as the harness runs it: its ops on chunk 1, group 0's
     forward right before each forward, group 0's whole backward right after each B or BW."""
+    from optpipe_lightning.schedule import Action
+
     out: list[Action] = []
     for a in row:
         if a.op == "F":
@@ -164,6 +168,8 @@ def estimate(
     shape: LayerShape, layers: int, dtype: torch.dtype, kind: str, m: int
 ) -> dict[str, Any]:
     """What ``optpipe problem`` says for ``layers`` such layers on one stage."""
+    from optpipe_lightning.schedule.model_estimate import DEVICES, ModelSpec, estimate_problem
+
     kw: dict[str, Any] = {
         "layers": layers,
         "hidden": shape.hidden,
@@ -268,6 +274,44 @@ def measure_microbatch_memory(
     return res
 
 
+def op_memory(
+    engine: PipelineEngine, x: torch.Tensor, g: torch.Tensor, device: torch.device
+) -> dict[str, float]:
+    """One more step, watching the allocator around every op of the stage under test (chunk 1):
+    what each op leaves allocated (``alloc_F`` ...: the memory model's m_f, m_b, m_w in the
+    allocator's view; B's includes the input gradient it hands back) and how far above its
+    start and end it peaks (``peak_F`` ...). Allocator statistics follow the host's issue order,
+    so no synchronization is needed."""
+    cur = engine.cursor
+    begin, end = cur.begin, cur.end
+    rec: dict[str, list[tuple[int, int]]] = {}
+    start = [0]
+
+    def watched_begin(op: str, mb: int, chunk: int) -> None:
+        begin(op, mb, chunk)
+        if chunk == 1:
+            torch.cuda.reset_peak_memory_stats(device)
+            start[0] = torch.cuda.memory_allocated(device)
+
+    def watched_end(op: str, mb: int, chunk: int) -> None:
+        if chunk == 1:
+            now = torch.cuda.memory_allocated(device)
+            peak = torch.cuda.max_memory_allocated(device)
+            rec.setdefault(op, []).append((now - start[0], peak - max(start[0], now)))
+        end(op, mb, chunk)
+
+    cur.begin, cur.end = watched_begin, watched_end  # type: ignore[method-assign]
+    try:
+        engine.step(x, g)
+    finally:
+        del cur.begin, cur.end
+    out: dict[str, float] = {}
+    for op, v in rec.items():
+        out[f"alloc_{op}"] = float(statistics.fmean(d for d, _ in v))
+        out[f"peak_{op}"] = float(max(p for _, p in v))
+    return out
+
+
 def op_costs(
     res: dict[str, Any],
     flush: Callable[[], None],
@@ -279,6 +323,10 @@ def op_costs(
     device: torch.device,
 ) -> dict[LayerShape, dict[str, float]]:
     """Section 3. Returns the measured costs per shape (for the stage section)."""
+    from optpipe_lightning.schedule import Action
+    from optpipe_lightning.schedule.baselines import make_schedule
+    from optpipe_lightning.strategy.engine import PipelineEngine
+
     kind, note = device_kind(device)
     res["device_kind"] = kind
     if note:
@@ -323,6 +371,8 @@ def op_costs(
             if engine.cursor.times.get((op, 1))
         }
         meas = {"t_f": t["F"], "t_b": t["B"], "t_w": t["W"], "t_bw": t["BW"]}
+        if device.type == "cuda":
+            meas.update(op_memory(engine, x, g, device))
         meas.update(measure_microbatch_memory(layers[1:], shape, dtype, device))
         est = estimate(shape, layers_per_stage, dtype, kind, m)
         row["measured"] = meas
@@ -349,6 +399,9 @@ def op_costs(
 def _schedule_with_offloads(problem: Problem, seconds: float) -> tuple[Schedule, str, Problem]:
     """The solver's schedule when it offloads; else the fastest feasible baseline that does
     (this section is about running offloads; the note says when the solver chose none)."""
+    from optpipe_lightning.schedule import simulate
+    from optpipe_lightning.schedule.baselines import NotApplicable, generate
+
     notes: list[str] = []
     cands: list[tuple[float, Schedule, str]] = []
     try:
@@ -399,6 +452,11 @@ def stage_schedule(
     device: torch.device,
 ) -> None:
     """Section 4 (the module docstring says what it does)."""
+    from optpipe_lightning.schedule import Problem, simulate
+    from optpipe_lightning.schedule.baselines import make_schedule
+    from optpipe_lightning.schedule.model_estimate import DEVICES
+    from optpipe_lightning.strategy.engine import PipelineEngine, ScheduleRejectedError
+
     cuda = device.type == "cuda"
     kind, _ = device_kind(device)
     p, m, n = stages, microbatches, layers_per_stage
@@ -495,10 +553,25 @@ def stage_schedule(
     res["predicted"] = {
         "stage_time_s": sim.evaluation.makespan,
         "activation_peak_bytes": predicted_peak,
+        "model": "B frees nothing, W frees the activation (what the strategy's profile says)",
         "memory_limit_bytes": limit,
         "memory_waits": len(sim.timeline.memory_waits[0]) if sim.timeline else 0,
         "stage_peak_in_pipeline_bytes": float((full.evaluation.peak_memory or [0.0] * p)[s]),
     }
+    if "alloc_F" in costs and "alloc_B" in costs:
+        # the same list on the per-op memory the op-cost section watched (B keeps the output
+        # gradients W needs, and the input gradient until it is handed on)
+        c_meas = c1 | {"m_f": costs["alloc_F"], "m_b": costs["alloc_B"]}
+        alt = harness_problem(
+            m, c_meas, in_bytes, memory_limit=limit, offload_bytes=off, bandwidth=bandwidth
+        )
+        alt_ev = simulate(alt, [row]).evaluation
+        res["predicted"]["activation_peak_measured_deltas_bytes"] = float(
+            (alt_ev.peak_memory or [0.0])[0]
+        )
+        res["predicted"]["largest_op_transient_bytes"] = max(
+            float(costs.get(f"peak_{op}", 0.0)) for op in ("F", "B", "W", "BW")
+        )
     flush()
     pg = process_group()
     layers = make_layers(shape, n, dtype, device, seed=1)
@@ -566,6 +639,9 @@ def stage_schedule(
             measured["peak_over_predicted_plus_transient"] = max(peaks) / (
                 predicted_peak + costs.get("transient_bytes", 0.0)
             )
+            alt_peak = res["predicted"].get("activation_peak_measured_deltas_bytes")
+            if alt_peak:
+                measured["peak_over_predicted_measured_deltas"] = max(peaks) / alt_peak
             measured["reserved_growth_bytes"] = torch.cuda.max_memory_reserved(device) - reserved0
             pool = getattr(engine.offload.engine, "pool", None)
             if pool is not None:
@@ -581,8 +657,8 @@ def stage_schedule(
     plain = harness(None, transfers=False)
     grads_off = _one_step_grads(engine, x, g)
     ref_layers = make_layers(shape, n, dtype, device, seed=1)
-    for a, b in zip(ref_layers, layers, strict=True):
-        a.load_state_dict(b.state_dict())
+    for mine, theirs in zip(ref_layers, layers, strict=True):
+        mine.load_state_dict(theirs.state_dict())
     ref = PipelineEngine(
         ref_layers,
         incoming_grad_loss,
@@ -636,6 +712,8 @@ def _least_limit(
     harness: Callable[[float], Problem], rows: list[list[Action]], feasible: float
 ) -> float:
     """The smallest memory limit under which the simulator accepts ``rows`` (bisection)."""
+    from optpipe_lightning.schedule import simulate
+
     lo, hi = 0.0, feasible
     for _ in range(40):
         mid = (lo + hi) / 2

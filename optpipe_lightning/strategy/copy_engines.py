@@ -125,15 +125,25 @@ class PinnedPagePool:
     def take(self, nbytes: int) -> tuple[list[torch.Tensor], list[Any]]:
         """Pages covering ``nbytes``, and the events to wait on before writing them."""
         need = -(-nbytes // self.page_bytes)
-        # pages whose last reader is done go first (popped from the end) and need no wait
-        marked = [(p, ev, ev is None or bool(ev.query())) for p, ev in self._free]
+        # pages whose last reader is done go first (popped from the end) and need no wait; pages
+        # come back in groups sharing one event, so each event is queried once
+        done: dict[int, bool] = {}
+
+        def ready(ev: Any) -> bool:
+            if ev is None:
+                return True
+            if id(ev) not in done:
+                done[id(ev)] = bool(ev.query())
+            return done[id(ev)]
+
+        marked = [(p, ev, ready(ev)) for p, ev in self._free]
         marked.sort(key=lambda x: x[2])
         pages: list[torch.Tensor] = []
         events: list[Any] = []
         while len(pages) < need and marked:
-            page, ev, ready = marked.pop()
+            page, ev, ok = marked.pop()
             pages.append(page)
-            if not ready:
+            if not ok and all(e is not ev for e in events):
                 events.append(ev)
         self._free = [(p, ev) for p, ev, _ in marked]
         while len(pages) < need:
