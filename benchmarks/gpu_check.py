@@ -31,6 +31,7 @@ says so), the tests get what is left, and a watchdog ends the process shortly af
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import subprocess
@@ -360,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         if "gpu_tests" in want:
+            if cuda:  # the tests run in a child process: hand it the memory this one caches
+                gc.collect()
+                torch.cuda.empty_cache()
             run_section(
                 report,
                 "gpu_tests",

@@ -95,7 +95,7 @@ class _Storage:
 
 @dataclass
 class _Saved:
-    """One tensor autograd saved: a view of a stored storage (or kept as it is: storage -1)."""
+    """One tensor autograd saved: a view of one of the store's storages (index ``storage``)."""
 
     storage: int
     tensor: torch.Tensor | None  # the original (until offload) or the view rebuilt after reload

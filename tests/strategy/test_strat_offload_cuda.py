@@ -192,5 +192,5 @@ def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
         if problem is pb:
             assert [h[0] for h in engine.offload.history].count("OFFLOAD") == 2
     dist.destroy_process_group()
-    for got, want in zip(*grads, strict=True):
-        torch.testing.assert_close(got, want)
+    for got, want in zip(*grads, strict=True):  # attention's backward may use atomics
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
