@@ -18,7 +18,7 @@ from torch import nn
 
 from ..schedule import Problem, Schedule, simulate
 from .contract import LayerChain
-from .offload import OffloadManager
+from .offload import OffloadManager, settle_points
 from .partition import group_bounds
 from .stage import OptPipeStage, RankCursor
 from .torch_adapter import (
@@ -38,8 +38,9 @@ class ScheduleRejectedError(ValueError):
 def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tuple[int, int]]]:
     """The simulator's verdict (feasible) plus torch's lowering; raises with every reason.
 
-    Returns the schedule's memory waits per stage (list positions of an F and of the OFFLOAD it
-    waits for), which the executor honours."""
+    Returns per stage where each offload leaves the device (list positions of a compute action
+    and of the OFFLOAD whose copy ends before it starts, ``offload.settle_points``), which the
+    executor honours."""
     if schedule.num_stages != problem.num_stages:
         raise ScheduleRejectedError(
             f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
@@ -64,7 +65,7 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tu
     except ValueError as e:
         raise ScheduleRejectedError(f"schedule {schedule.generator!r}: {e}") from e
     assert res.timeline is not None
-    return res.timeline.memory_waits
+    return settle_points(res.timeline)
 
 
 class PipelineEngine:
@@ -102,7 +103,9 @@ class PipelineEngine:
             chain = LayerChain(self.layers[a:b]).to(device)
             self.local_modules.append(chain)
         params = [p for m in self.local_modules for p in m.parameters()]
-        self.offload = OffloadManager(device, params, offload_min_bytes)
+        # one copy stream per direction unless the problem's channel is half duplex
+        duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
+        self.offload = OffloadManager(device, params, offload_min_bytes, duplex=duplex)
         self.cursor = RankCursor(
             schedule.actions[pp_rank], self.offload, device, measure=measure, waits=waits[pp_rank]
         )
@@ -206,7 +209,7 @@ class PipelineEngine:
                 f"{len(self.cursor.actions)} actions of the schedule"
             )
         loss = self._broadcast_loss(losses)
-        leaked = [k for k, st in self.offload.stores.items() if st.entries]
+        leaked = [k for k, st in self.offload.stores.items() if st.saved]
         if leaked:
             raise RuntimeError(f"activation stores {leaked} were not released by their W/BW")
         return loss

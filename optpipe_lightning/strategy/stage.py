@@ -64,19 +64,21 @@ class RankCursor:
         self.times.clear()
 
     def set_actions(self, actions: Sequence[Action], waits: Sequence[tuple[int, int]] = ()) -> None:
-        """This rank's list, and its memory waits: (position of an F, position of the OFFLOAD
-        whose copy must have left the device before that F runs), from the simulator."""
+        """This rank's list, and where its offloads leave the device: (position of a compute
+        action, position of an earlier OFFLOAD whose copy has ended before that action starts),
+        from the simulator (``offload.settle_points``: its memory waits and the first action
+        after each copy's end)."""
         self.actions = list(actions)
         self.offloaded = {(a.mb, a.chunk) for a in self.actions if a.op == "OFFLOAD"}
-        self.waits: dict[int, tuple[int, int, int]] = {}
+        self.waits: dict[int, list[tuple[int, int, int]]] = {}
         for f_pos, o_pos in waits:
             f, o = self.actions[f_pos], self.actions[o_pos]
-            if f.op != "F" or o.op != "OFFLOAD" or o_pos >= f_pos:
+            if not f.is_compute or o.op != "OFFLOAD" or o_pos >= f_pos:
                 raise ValueError(
-                    f"memory wait ({f_pos}, {o_pos}) does not pair an F with an "
+                    f"memory wait ({f_pos}, {o_pos}) does not pair a compute action with an "
                     "earlier OFFLOAD of this list"
                 )
-            self.waits[f_pos] = (0, o.mb, o.chunk)
+            self.waits.setdefault(f_pos, []).append((0, o.mb, o.chunk))
         self.reset()
 
     def reset(self) -> None:
@@ -100,9 +102,10 @@ class RankCursor:
             raise ScheduleDivergenceError(
                 f"torch ran {op} mb {mb} chunk {chunk}, the schedule has {a} next"
             )
-        wait = self.waits.get(self.pos)
-        if wait is not None and self.offload is not None:
-            self.offload.wait_offloaded(wait)  # the memory wait: the copy must be done
+        if self.offload is not None:
+            self.offload.poll()  # drop the device copies of finished offloads
+            for key in self.waits.get(self.pos, ()):
+                self.offload.settle(key)  # this action starts after that copy (simulator)
         if self.measure:
             self._t0 = self._now()
 
@@ -125,6 +128,11 @@ class RankCursor:
             else:
                 self.offload.reload(key)
             self.pos += 1
+
+    def held_by_stage(self, mb: int, chunk: int, cached: Any) -> None:
+        """The stage keeps these (its inputs and outputs) until the backward: never moved."""
+        if self.offload is not None and (mb, chunk) in self.offloaded and cached is not None:
+            self.offload.keep_held((0, mb, chunk), _tensors(cached))
 
     def forward_context(self, mb: int, chunk: int) -> Any:
         if self.offload is not None and (mb, chunk) in self.offloaded:
@@ -166,17 +174,27 @@ class RankCursor:
     def _now(self) -> Any:
         if self.device.type == "cuda":  # pragma: no cover - GPU only
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.device))
             return ev
         return time.perf_counter()
 
     def _elapsed(self, t0: Any) -> float:
         if self.device.type == "cuda":  # pragma: no cover - GPU only
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.device))
             ev.synchronize()
             return float(t0.elapsed_time(ev)) / 1000.0
         return time.perf_counter() - float(t0)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, tuple | list):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
 
 
 class OptPipeStage(PipelineStage):
@@ -203,6 +221,7 @@ class OptPipeStage(PipelineStage):
         self.cursor.begin("F", fwd_chunk_id, self.chunk)
         with self.cursor.forward_context(fwd_chunk_id, self.chunk):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, *rest, **kw)
+        self.cursor.held_by_stage(fwd_chunk_id, self.chunk, self.fwd_cache.get(fwd_chunk_id))
         self.cursor.end("F", fwd_chunk_id, self.chunk)
         if self.cursor.measure and isinstance(out, torch.Tensor):
             self.cursor.out_bytes.append(out.numel() * out.element_size())

@@ -12,6 +12,7 @@ backward). Transfers (OFFLOAD/RELOAD) have no torch action; the stage subclass r
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -158,12 +159,22 @@ def load_order(runtime: Any, order: TorchOrder) -> None:
     runtime._prepare_schedule_with_comms(runtime.pipeline_order)
 
 
+# ``step(..., return_outputs=False)`` (torch PR #165822, in 2.10+) keeps the last stage from
+# holding every microbatch's output; torch 2.9's ``step`` would hand the unknown keyword to the
+# model as an input, so it is passed only where ``step`` names it.
+_STEP_KW = (
+    {"return_outputs": False}
+    if "return_outputs" in inspect.signature(_sch._PipelineScheduleRuntime.step).parameters
+    else {}
+)
+
+
 def run_step(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:
     """One pipelined step: first stage gives inputs, last gives targets, losses filled last."""
     if inputs is None:
-        runtime.step(target=targets, losses=losses, return_outputs=False)
+        runtime.step(target=targets, losses=losses, **_STEP_KW)
     else:
-        runtime.step(inputs, target=targets, losses=losses, return_outputs=False)
+        runtime.step(inputs, target=targets, losses=losses, **_STEP_KW)
 
 
 def run_eval(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:

@@ -1,8 +1,10 @@
 """The executor honours the simulator's memory waits: before an F that the schedule has wait for
-an offload, the cursor waits on that copy (a host synchronize on GPU, bookkeeping on CPU)."""
+an offload, the compute stream waits on that copy and its device copies are dropped (on GPU a
+stream wait, the host does not block; bookkeeping on CPU)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -10,36 +12,30 @@ import torch
 from torch import nn
 
 from optpipe_lightning.schedule import Action, Problem, simulate
-from optpipe_lightning.strategy.offload import OffloadManager, OffloadStateError
+from optpipe_lightning.strategy.copy_engines import HostCopy, HostCopyEngine
+from optpipe_lightning.strategy.offload import OffloadManager, OffloadStateError, settle_points
 from optpipe_lightning.strategy.stage import RankCursor
 
 F, BW, OFF, REL = "F", "BW", "OFFLOAD", "RELOAD"
 
 
-class _RecordingEngine:
-    """The CPU copy engine's behaviour plus a log of what was synchronized."""
+class _RecordingEngine(HostCopyEngine):
+    """The CPU copy engine's behaviour plus a log of the events handed out and waited on."""
 
     def __init__(self) -> None:
         self.log: list[str] = []
 
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        return t.detach().clone()
-
-    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return t.clone()
-
-    def after_offload(self) -> Any:
+    def offload(self, flats: Sequence[torch.Tensor]) -> tuple[HostCopy, Any]:
+        host, _ = super().offload(flats)
         self.log.append("offload-event")
-        return "event"
+        return host, "event"
 
-    def after_reload(self) -> Any:
-        return None
+    def done(self, event: Any) -> bool:
+        return event is None  # the recorded copy is never seen done by a poll
 
     def wait(self, event: Any) -> None:
-        return None
-
-    def synchronize(self, event: Any) -> None:
-        self.log.append(f"synchronize:{event}")
+        if event is not None:
+            self.log.append(f"compute-waits:{event}")
 
 
 def _problem() -> Problem:
@@ -76,9 +72,9 @@ def test_the_cursor_waits_for_the_offload_before_the_forward_that_needs_its_memo
     waits = res.timeline.memory_waits[0]
     assert waits == [(2, 1)]  # F1 waits for OFFLOAD 0
     w = nn.Parameter(torch.randn(4, 4))
-    mgr = OffloadManager(torch.device("cpu"), [w], min_bytes=0)
+    assert settle_points(res.timeline) == [[(2, 1)]]  # the wait is where the copy ends, too
     engine = _RecordingEngine()
-    mgr.engine = engine
+    mgr = OffloadManager(torch.device("cpu"), [w], min_bytes=0, engine=engine)
     cursor = RankCursor(ROWS, mgr, torch.device("cpu"), waits=waits)
     losses = {}
     for a in ROWS:
@@ -96,7 +92,7 @@ def test_the_cursor_waits_for_the_offload_before_the_forward_that_needs_its_memo
     assert engine.log == [
         "F0",
         "offload-event",
-        "synchronize:event",  # before F1 runs
+        "compute-waits:event",  # before F1 runs
         "F1",
         "BW1",
         "BW0",
@@ -104,6 +100,7 @@ def test_the_cursor_waits_for_the_offload_before_the_forward_that_needs_its_memo
         "BW2",
     ]
     assert ("WAIT", (0, 0, 0), mgr.history[0][2]) in mgr.history
+    assert not mgr.pending  # the wait dropped the device copies the offload read
 
 
 def test_a_wait_that_does_not_pair_an_f_with_an_earlier_offload_is_refused() -> None:
@@ -114,4 +111,4 @@ def test_a_wait_that_does_not_pair_an_f_with_an_earlier_offload_is_refused() -> 
 def test_waiting_for_an_activation_never_offloaded_is_a_bug_named_as_such() -> None:
     mgr = OffloadManager(torch.device("cpu"), [], min_bytes=0)
     with pytest.raises(OffloadStateError, match="waits for the offload"):
-        mgr.wait_offloaded((0, 5, 0))
+        mgr.settle((0, 5, 0))

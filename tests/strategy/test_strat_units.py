@@ -1,4 +1,4 @@
-"""Single-process pieces: partition, contract, adapter mapping, offload store, planner."""
+"""Single-process pieces: partition, contract, adapter mapping, planner (offload: test_strat_offload)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from optpipe_lightning.schedule import Action, Problem
 from optpipe_lightning.schedule.baselines import generate, make_schedule
 from optpipe_lightning.strategy.contract import ContractError, LayerChain, PipelineSpec, get_spec
 from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_for_execution
-from optpipe_lightning.strategy.offload import OffloadManager, OffloadStateError, StoreState
 from optpipe_lightning.strategy.partition import (
     PartitionError,
     balanced_partition,
@@ -123,39 +122,6 @@ def test_profiling_schedule_is_feasible_and_measures_split_and_fused() -> None:
     ops = [(a.op, a.mb) for row in sched.actions for a in row]
     assert {op for op, mb in ops if mb % 2 == 0} == {"F", "B", "W"}
     assert {op for op, mb in ops if mb % 2 == 1} == {"F", "BW"}
-
-
-def test_offload_store_moves_saved_tensors_and_restores_them() -> None:
-    w = nn.Parameter(torch.randn(4, 4))
-    mgr = OffloadManager(torch.device("cpu"), [w], min_bytes=0)
-    key = (0, 0, 0)
-    x = torch.randn(3, 4, requires_grad=True)
-    with mgr.store(key).hooks():
-        y = torch.tanh(x @ w).sum()
-    st = mgr.stores[key]
-    assert st.state is StoreState.SAVED
-    kept = [e for e in st.entries if e.keep]
-    assert kept  # the weight is saved by matmul and is never moved
-    mgr.offload(key)
-    assert st.state is StoreState.OFFLOADED
-    assert all(e.device_tensor is None for e in st.entries if not e.keep)
-    assert mgr.offloaded_total == sum(
-        e.host_tensor.numel() * e.host_tensor.element_size()
-        for e in st.entries
-        if e.host_tensor is not None
-    )
-    with pytest.raises(OffloadStateError, match="RELOAD was not issued"):
-        y.backward(retain_graph=True)
-    mgr.reload(key)
-    y.backward()
-    ref_x = x.detach().clone().requires_grad_(True)
-    torch.tanh(ref_x @ w.detach()).sum().backward()
-    assert x.grad is not None and ref_x.grad is not None
-    assert torch.equal(x.grad, ref_x.grad)
-    with pytest.raises(OffloadStateError, match="in state reloaded"):
-        mgr.offload(key)
-    mgr.release(key)
-    assert key not in mgr.stores
 
 
 def test_every_baseline_passes_the_simulator_and_torch_lowering() -> None:
