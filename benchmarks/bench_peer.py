@@ -366,7 +366,7 @@ def _fmt(x: float | None) -> str:
 
 def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[str, dict]:
     lines = [
-        "| problem | v | copy/FBW | best baseline | "
+        "| problem | v (optpipe) | copy/FBW | best baseline | "
         + " | ".join(f"optpipe {tl:g} s" for tl in time_limits)
         + " | published PipeOffload (v, g, k) | our pipeoffload (same member / sweep) | "
         + " | ".join(f"idle optpipe/peer {tl:g} s" for tl in time_limits)
@@ -386,6 +386,8 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
             opt = next((x for x in rows if x["name"] == "optpipe"), None)
             ms = opt["makespan"] if opt and opt["feasible"] else None
             others = [x["makespan"] for x in rows if x["name"] != "optpipe" and x["feasible"]]
+            if r.get("peer"):  # the published schedule, at its own chunk count
+                others.append(r["peer"]["makespan"])
             beats[f"{tl:g}"].append(ms is not None and all(ms <= o * (1 + 1e-9) for o in others))
             solved.append((tl, ms, opt["idle"] if opt and opt["feasible"] else None))
         peer = r.get("peer")
@@ -410,8 +412,10 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
                 cells.append(f"{ratio:.2f}")
             else:
                 cells.append("-")
+        opt0 = next((x for x in first if x["name"] == "optpipe"), {})
+        v_txt = str(opt0.get("num_chunks", r["chunks"]))  # compare's own choice, once it searches
         lines.append(
-            f"| {r['name']} | {r['chunks']} | {r['copy_over_fbw']:.2f} | {bb_txt} | "
+            f"| {r['name']} | {v_txt} | {r['copy_over_fbw']:.2f} | {bb_txt} | "
             + " | ".join(_fmt(ms) for _tl, ms, _i in solved)
             + f" | {peer_txt} | {ours_txt} | "
             + " | ".join(cells)
@@ -424,6 +428,8 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
             for x in r["runs"][f"{tl:g}"]["schedules"]:
                 if x["name"] == "optpipe" or tl == time_limits[0]:
                     name = x["name"] + (f"@{tl:g}s" if x["name"] == "optpipe" else "")
+                    if "num_chunks" in x:  # rows name their chunking once compare searches it
+                        name += f" (v={x['num_chunks']}, {x.get('placement', '')})"
                     star = "" if x["feasible"] else "*"
                     cells.append(f"{name} {_fmt(x['makespan'])}{star} / {_fmt(x['idle'])}")
         peer = r.get("peer")
