@@ -24,6 +24,13 @@ placement):
 
 Without offload settings the family is the GIS group sizes alone (``k = 0``), which needs
 ``v > 1`` (with one chunk it is ZB-H1's order). ``NotApplicable`` names why when no member fits.
+
+Where it departs from the authors' code: at ``v = 1`` their copy pass fails (an index error in
+its warm-up step when a device of the pair has no copy before the first reload) and so does it
+whenever one device of a pair has nothing to move; here such a device simply keeps its slots.
+Their paired-rank barriers are not modelled (the simulator's shared copy channel arbitrates).
+The orders of every member their generator builds are theirs: 15 golden cases in
+``tests/baselines_b/data`` and the members ``benchmarks/bench_peer.py`` checks on its problems.
 """
 
 from __future__ import annotations
