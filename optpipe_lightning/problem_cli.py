@@ -13,8 +13,8 @@ from .errors import UserError, describe_validation_error
 from .schedule import Problem
 
 
-def _parse_bytes(text: str | None) -> float | None:
-    """'80GB', '7.5e9', '512MiB' -> bytes."""
+def _parse_bytes(text: str | None, option: str = "--memory-limit") -> float | None:
+    """'80GB', '7.5e9', '512MiB' -> bytes (per second for a bandwidth)."""
     if text is None:
         return None
     t = text.strip().replace(" ", "")
@@ -34,11 +34,9 @@ def _parse_bytes(text: str | None) -> float | None:
     try:
         value = float(number) * scale
     except ValueError:
-        raise UserError(
-            f"--memory-limit {text!r}: expected bytes like 40GB, 512MiB or 4e10"
-        ) from None
+        raise UserError(f"{option} {text!r}: expected bytes like 40GB, 512MiB or 4e10") from None
     if value <= 0:
-        raise UserError(f"--memory-limit must be > 0, got {text!r}")
+        raise UserError(f"{option} must be > 0, got {text!r}")
     return value
 
 
@@ -66,9 +64,20 @@ def problem_command(
         typer.Option(help="limit in microbatch activations of the heaviest stage"),
     ] = None,
     offload: Annotated[bool, typer.Option(help="allow activation offload to host")] = False,
+    copy_bandwidth: Annotated[
+        str | None,
+        typer.Option(help="host copy bytes/s per direction, e.g. 25GB (default: the device's)"),
+    ] = None,
     stages_per_copy_channel: Annotated[
-        int, typer.Option(help="consecutive stages sharing one host copy channel")
+        int,
+        typer.Option(help="consecutive stages sharing one host copy channel (2 = GPU pairs)"),
     ] = 1,
+    attention: Annotated[
+        str, typer.Option(help="flash (keeps no attention scores) | eager")
+    ] = "flash",
+    recompute: Annotated[
+        str, typer.Option(help="none | selective (attention core) | full (layer input only)")
+    ] = "none",
     from_profile: Annotated[
         int | None, typer.Option(help="build from stored profile ID instead (see optpipe db list)")
     ] = None,
@@ -78,8 +87,10 @@ def problem_command(
 ) -> None:
     """Build a problem from a model description (analytic estimates) or a measured profile.
 
-    The estimates follow the Zero Bubble paper's per-layer FLOP and activation formulas; see
-    optpipe_lightning/schedule/model_estimate.py for every formula and device constant.
+    The estimates follow the Zero Bubble paper's per-layer FLOP and activation formulas, with
+    FlashAttention (default) or eager attention and none, selective or full recompute; see
+    docs/formats.md and optpipe_lightning/schedule/model_estimate.py for every formula and
+    device constant.
     """
     from .cli import user_errors
 
@@ -105,7 +116,10 @@ def problem_command(
                 memory_limit=limit,
                 memory_limit_microbatches=memory_limit_microbatches,
                 offload=offload,
+                copy_bandwidth=_parse_bytes(copy_bandwidth, "--copy-bandwidth"),
                 stages_per_copy_channel=stages_per_copy_channel,
+                attention=attention,
+                recompute=recompute,
                 name=name,
             )
         text = problem.model_dump_json(indent=2, exclude_defaults=False)

@@ -158,6 +158,8 @@ def test_problem_from_model_description_round_trips(tmp_path: Path) -> None:
             "--memory-limit-microbatches",
             "16",
             "--offload",
+            "--attention",
+            "eager",
             "--out",
             str(out),
         ],

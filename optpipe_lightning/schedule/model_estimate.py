@@ -4,8 +4,8 @@ Used by ``optpipe problem`` when no measured profile exists. Notation: ``s`` seq
 ``b`` microbatch size, ``h`` hidden size, ``a`` attention heads, ``V`` vocabulary, ``e`` bytes per
 activation element (2 for bf16/fp16, 4 for fp32).
 
-Per transformer layer (Zero Bubble paper, Qi et al. ICLR 2024, Table 1; FLOPs count a
-multiply-add as 2):
+Per transformer layer with eager attention and no recompute (Zero Bubble paper, Qi et al. ICLR
+2024, Table 1, after Korthikanti et al. 2022; FLOPs count a multiply-add as 2):
 
 =====  ==================  =================================================
 op     FLOPs               activation memory change
@@ -15,9 +15,25 @@ B      ``sbh(24h + 8s)``   ``-(M_B - M_W)``
 W      ``24 s b h^2``      ``-M_W``, ``M_W = 32 sbh * e/2`` bytes
 =====  ==================  =================================================
 
-so ``T_B + T_W = 2 T_F`` and ``T_W < T_F < T_B``; the paper's byte counts are for 16-bit
-activations, fp32 doubles them (``e/2``). With ``vocab`` set, the LM head sits on the last layer
-group: F, B and W each ``2sbhV`` FLOPs; it keeps its input (``sbh*e``, freed by W) and the fp32
+Attention (``attention``, default ``"flash"``) and recompute (``recompute``, default ``"none"``)
+change it as today's training does:
+
+- ``flash`` (FlashAttention): the ``5as^2 b`` term (attention scores, softmax, dropout mask:
+  ``2 + 2 + 1`` bytes per score) is never stored, so ``M_B = 34 sbh * e/2``; its backward
+  recomputes the scores ``QK^T`` from Q and K, ``+2 s^2 bh`` FLOPs on B (``sbh(24h + 10s)``).
+- ``selective`` (Megatron's selective recompute): the attention core (scores, softmax, dropout,
+  scores times V) is not stored but re-run in the backward: with eager attention ``M_B`` drops the
+  ``5as^2 b`` term and B gains the core's forward, ``+4 s^2 bh`` FLOPs. With flash there is
+  nothing left to drop: flash's own recompute is that already, so nothing changes.
+- ``full`` (full activation recompute): F keeps only the layer input, ``I = sbh * e`` bytes; B
+  first re-runs the layer's forward (``+ F`` FLOPs on B) and then, with B and W split, holds W's
+  inputs ``M_W`` until W: ``m_f = I``, ``m_b = M_W - I`` (positive: memory grows at B's end),
+  ``m_w = -M_W``. The re-run's own working set, one layer group's activation during its B, is
+  transient and not counted against the limit.
+
+with eager attention and no recompute ``T_B + T_W = 2 T_F`` and ``T_W < T_F < T_B``. The byte
+counts are for 16-bit activations, fp32 doubles them (``e/2``). With ``vocab`` set, the LM head
+sits on the last layer group: F, B and W each ``2sbhV`` FLOPs; it keeps its input (``sbh*e``, freed by W) and the fp32
 logits for the loss (``4sbV``, freed by B). The embedding lookup costs no FLOPs worth counting and
 keeps no activation here.
 
@@ -27,9 +43,14 @@ A (stage, chunk) runs the layer group its placement gives it (``Problem.group_of
 
 Times: ``T = FLOPs / (peak(dtype) * efficiency)``. p2p time ``t_comm = s*b*h*e / link``: the
 hidden state handed to the next stage over the device link. Offload (``offload: true``) moves the
-whole activation of one (stage, microbatch, chunk) (``bytes = m_f``) over the host copy link, both
-directions at ``copy`` bytes/s; ``stages_per_copy_channel`` consecutive stages share one channel
-(a PCIe switch), 1 = a channel per stage.
+whole activation of one (stage, microbatch, chunk) (``bytes = m_f``) over the host copy link at
+``copy`` bytes/s in each direction (``copy_bandwidth`` overrides the device's), both directions at
+once (``offload.duplex``, where the problem format has it); ``stages_per_copy_channel``
+consecutive stages share one channel (a PCIe switch: 2 = GPU pairs), 1 = a channel per stage.
+
+``layers_per_stage`` (where the problem format has it): the layers each stage holds, written when
+every chunk of a stage holds as many and no LM head sits on the last group, so that tools may
+re-chunk the problem (``even_layers_per_stage``).
 
 Device table (dense peaks, no sparsity; ``fp32`` is plain FP32, PyTorch's default for matmuls,
 not TF32; ``efficiency`` defaults to 0.45, what the ZB paper's 1.5B measurement gives on A100:
@@ -60,6 +81,8 @@ from .problem import OffloadSpec, Problem
 
 DType = Literal["bf16", "fp16", "fp32"]
 DeviceKind = Literal["h100", "a100", "h200", "cpu"]
+Attention = Literal["flash", "eager"]
+Recompute = Literal["none", "selective", "full"]
 
 BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -114,7 +137,12 @@ class ModelSpec(BaseModel):
         default=None, gt=0, description="per stage, in microbatch activations of the heaviest stage"
     )
     offload: bool = False
+    copy_bandwidth: float | None = Field(
+        default=None, gt=0, description="host copy bytes/s per direction (default: the device's)"
+    )
     stages_per_copy_channel: int = Field(default=1, ge=1)
+    attention: Attention = "flash"
+    recompute: Recompute = "none"
     name: str | None = None
 
     @model_validator(mode="after")
@@ -137,21 +165,33 @@ class LayerCosts:
     flops_f: float
     flops_b: float
     flops_w: float
-    bytes_b: float  # M_B: what F allocates
-    bytes_w: float  # M_W: what W frees (B frees M_B - M_W)
+    bytes_b: float  # what F allocates (M_B; the layer input under full recompute)
+    bytes_w: float  # M_W: what W frees (B frees bytes_b - M_W; under full recompute it adds)
 
 
 def layer_costs(spec: ModelSpec) -> LayerCosts:
-    """The Zero Bubble Table 1 estimates for one layer (see the module docstring)."""
+    """One layer's FLOPs and activation bytes under the spec's attention and recompute (see the
+    module docstring)."""
     s, b, h, a = spec.seq_len, spec.microbatch_size, spec.hidden, spec.heads
     scale = BYTES_PER_ELEMENT[spec.dtype] / 2
     sbh = float(s * b * h)
+    flops_f = sbh * (24 * h + 4 * s)
+    flops_b = sbh * (24 * h + 8 * s)
+    flops_w = 24.0 * sbh * h
+    scores = float(s * b) * 5 * a * s * scale  # attention scores, softmax, dropout mask
+    kept = float(s * b) * 34 * h * scale
+    if spec.attention == "flash":
+        flops_b += 2.0 * sbh * s  # the backward recomputes QK^T
+    elif spec.recompute == "selective":
+        flops_b += 4.0 * sbh * s  # the attention core's forward, again
+    else:
+        kept += scores
+    bytes_w = 32.0 * sbh * scale
+    if spec.recompute == "full":
+        flops_b += flops_f
+        kept = sbh * BYTES_PER_ELEMENT[spec.dtype]  # the layer input only
     return LayerCosts(
-        flops_f=sbh * (24 * h + 4 * s),
-        flops_b=sbh * (24 * h + 8 * s),
-        flops_w=24.0 * sbh * h,
-        bytes_b=float(s * b) * (34 * h + 5 * a * s) * scale,
-        bytes_w=32.0 * sbh * scale,
+        flops_f=flops_f, flops_b=flops_b, flops_w=flops_w, bytes_b=kept, bytes_w=bytes_w
     )
 
 
@@ -196,14 +236,18 @@ def estimate_problem(spec: ModelSpec) -> Problem:
     offload = None
     if spec.offload:
         k = spec.stages_per_copy_channel
-        offload = OffloadSpec(
-            bytes=[row[:] for row in m_f],
-            d2h_bandwidth=dev.copy_bandwidth,
-            h2d_bandwidth=dev.copy_bandwidth,
-            channel_groups=[list(range(lo, min(lo + k, p))) for lo in range(0, p, k)]
+        copy = spec.copy_bandwidth or dev.copy_bandwidth
+        offload_fields: dict[str, object] = {
+            "bytes": [row[:] for row in m_f],
+            "d2h_bandwidth": copy,
+            "h2d_bandwidth": copy,
+            "channel_groups": [list(range(lo, min(lo + k, p))) for lo in range(0, p, k)]
             if k > 1
             else [],
-        )
+        }
+        if "duplex" in OffloadSpec.model_fields:  # GPUs copy each way on its own engine
+            offload_fields["duplex"] = True
+        offload = OffloadSpec.model_validate(offload_fields)
     unit = max(sum(row) for row in m_f)
     limit = spec.memory_limit
     if spec.memory_limit_microbatches is not None:
@@ -212,20 +256,37 @@ def estimate_problem(spec: ModelSpec) -> Problem:
         f"estimate: L={spec.layers} h={h} a={spec.heads} s={s} b={b}"
         + (f" V={spec.vocab}" if spec.vocab else "")
         + f" {spec.dtype} on {spec.device} (eff {spec.efficiency or dev.efficiency:g})"
+        + f", {spec.attention} attention"
+        + ("" if spec.recompute == "none" else f", {spec.recompute} recompute")
     )
-    return Problem(
-        num_stages=p,
-        num_microbatches=spec.num_microbatches,
-        num_chunks=v,
-        placement=spec.placement,
-        t_f=t_f,
-        t_b=t_b,
-        t_w=t_w,
-        t_comm=t_comm,
-        m_f=m_f,
-        m_b=m_b,
-        m_w=m_w,
-        memory_limit=limit,
-        offload=offload,
-        name=name,
-    )
+    fields: dict[str, object] = {
+        "num_stages": p,
+        "num_microbatches": spec.num_microbatches,
+        "num_chunks": v,
+        "placement": spec.placement,
+        "t_f": t_f,
+        "t_b": t_b,
+        "t_w": t_w,
+        "t_comm": t_comm,
+        "m_f": m_f,
+        "m_b": m_b,
+        "m_w": m_w,
+        "memory_limit": limit,
+        "offload": offload,
+        "name": name,
+    }
+    per_stage = even_layers_per_stage(spec)
+    if per_stage is not None and "layers_per_stage" in Problem.model_fields:
+        fields["layers_per_stage"] = per_stage
+    return Problem.model_validate(fields)
+
+
+def even_layers_per_stage(spec: ModelSpec) -> int | list[int] | None:
+    """The layers each stage holds, one number when all stages hold the same, when the problem
+    may be re-chunked: every chunk of a stage holds as many layers and no LM head makes the last
+    group heavier. None otherwise."""
+    p, v = spec.num_stages, spec.num_chunks
+    if spec.vocab is not None or (v > 1 and spec.layers % (p * v)):
+        return None
+    counts = layers_per_group(spec.layers, p) if v == 1 else [spec.layers // p] * p
+    return counts[0] if len(set(counts)) == 1 else counts

@@ -1,11 +1,15 @@
-"""Analytic problem estimates: the Zero Bubble Table 1 formulas, units, limits, offload."""
+"""Analytic problem estimates: the Zero Bubble Table 1 formulas, FlashAttention and recompute,
+units, limits, offload."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.schedule.model_estimate import (
     DEVICES,
@@ -24,6 +28,7 @@ BASE = dict(
     device="a100",
     num_stages=8,
     num_microbatches=24,
+    attention="eager",  # the ZB paper's Table 1 (its 1.5B measurement stored the scores)
 )
 
 
@@ -126,3 +131,109 @@ def test_memory_limit_units_and_offload() -> None:
 def test_bad_specs_name_the_field(bad: dict[str, object], match: str) -> None:
     with pytest.raises(ValidationError, match=match):
         spec(**bad)
+
+
+# ---- FlashAttention and recompute ----------------------------------------------------------------
+
+H, A, S, B = 2304, 24, 1024, 6
+SBH = S * B * H
+
+
+def per_layer(pb_name: str, **kw: object) -> float:
+    """One layer's value of a cost (3 layers per stage in BASE)."""
+    return float(estimate_problem(spec(**kw)).cost(pb_name)[0, 0]) / 3
+
+
+def test_flash_keeps_no_attention_scores_and_recomputes_them_in_b() -> None:
+    eager = layer_costs(spec())
+    flash = layer_costs(spec(attention="flash"))
+    assert eager.bytes_b - flash.bytes_b == pytest.approx(5 * A * S * S * B)  # 5as^2 b
+    assert flash.bytes_b == pytest.approx(34 * SBH) and flash.bytes_w == eager.bytes_w
+    assert flash.flops_b - eager.flops_b == pytest.approx(2 * SBH * S)  # QK^T again
+    assert (flash.flops_f, flash.flops_w) == (eager.flops_f, eager.flops_w)
+    assert ModelSpec.model_validate({**BASE, "attention": "flash"}) == spec(attention="flash")
+    default = {k: v for k, v in BASE.items() if k != "attention"}
+    assert ModelSpec.model_validate(default).attention == "flash"  # today's training
+
+
+def test_selective_recompute_drops_the_attention_core_and_reruns_it() -> None:
+    eager = layer_costs(spec())
+    sel = layer_costs(spec(recompute="selective"))
+    assert sel.bytes_b == pytest.approx(34 * SBH)  # Korthikanti et al.: 5as/h term gone
+    assert sel.flops_b - eager.flops_b == pytest.approx(4 * SBH * S)  # QK^T and scores x V
+    # with flash there is nothing left to drop: selective changes nothing
+    assert layer_costs(spec(attention="flash", recompute="selective")) == layer_costs(
+        spec(attention="flash")
+    )
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_full_recompute_keeps_the_layer_input_and_reruns_the_forward(attention: str) -> None:
+    plain = layer_costs(spec(attention=attention))
+    full = layer_costs(spec(attention=attention, recompute="full"))
+    assert full.bytes_b == pytest.approx(2 * SBH)  # bf16 layer input
+    assert full.flops_b == pytest.approx(plain.flops_b + plain.flops_f)
+    pb = estimate_problem(spec(attention=attention, recompute="full", offload=True))
+    # m_b > 0: W's inputs are held from B to W; the three still sum to zero
+    np.testing.assert_allclose(pb.cost("m_f"), 3 * 2 * SBH)
+    np.testing.assert_allclose(pb.cost("m_b"), 3 * (32 - 2) * SBH)
+    np.testing.assert_allclose(pb.cost("m_w"), -3 * 32 * SBH)
+    np.testing.assert_allclose(pb.cost("offload_bytes"), pb.cost("m_f"))
+    ev = generate("1f1b", pb).evaluation
+    assert ev is not None and ev.feasible
+
+
+def test_copy_bandwidth_pairs_and_layers_per_stage() -> None:
+    pb = estimate_problem(
+        spec(offload=True, copy_bandwidth=25e9, stages_per_copy_channel=2, layers=32)
+    )
+    assert pb.offload is not None and pb.offload.d2h_bandwidth == 25e9
+    assert pb.offload.h2d_bandwidth == 25e9
+    assert pb.offload.channel_groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    from optpipe_lightning.schedule.model_estimate import even_layers_per_stage
+
+    assert even_layers_per_stage(spec(layers=32)) == 4
+    assert even_layers_per_stage(spec(layers=32, num_chunks=2)) == 4
+    assert even_layers_per_stage(spec(layers=36, num_chunks=4)) is None  # 36 / 32 groups
+    assert even_layers_per_stage(spec(layers=10)) == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert even_layers_per_stage(spec(layers=32, vocab=1000)) is None
+    if "layers_per_stage" in type(pb).model_fields:  # once the format has it
+        assert getattr(pb, "layers_per_stage") == 4  # noqa: B009
+
+
+def test_problem_command_takes_attention_recompute_and_copy_bandwidth(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from optpipe_lightning.cli import app
+
+    runner = CliRunner()
+    args = ["problem", "--layers", "16", "--hidden", "1024", "--heads", "8", "--seq-len", "4096"]
+    out = tmp_path / "p.json"
+    res = runner.invoke(
+        app,
+        [
+            *args,
+            "--recompute",
+            "full",
+            "--offload",
+            "--copy-bandwidth",
+            "25GB",
+            "--stages-per-copy-channel",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    pb = Problem.model_validate_json(out.read_text())
+    assert pb.offload is not None and pb.offload.d2h_bandwidth == 25e9
+    assert float(pb.cost("m_f")[0, 0]) == pytest.approx(2 * 2 * 4096 * 1024)  # 2 layers' inputs
+    assert "full recompute" in (pb.name or "")
+    for bad, needle in (
+        (["--recompute", "some"], "recompute"),
+        (["--attention", "sparse"], "attention"),
+        (["--copy-bandwidth", "fast"], "--copy-bandwidth"),
+    ):
+        res = runner.invoke(app, [*args, *bad])
+        assert res.exit_code == 2 and needle in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1

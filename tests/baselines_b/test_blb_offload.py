@@ -1,4 +1,4 @@
-"""PipeOffload (GIS family + selective offload) and AdaOffload (memory-adaptive offload)."""
+"""AdaOffload (memory-adaptive offload); PipeOffload is in test_blb_pipeoffload.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 
 from optpipe_lightning.schedule import Action, Problem, simulate
 from optpipe_lightning.schedule.baselines import NotApplicable, generate
-from optpipe_lightning.schedule.baselines.pipeoffload import gis_rows
 
 
 def problem(p: int, m: int, v: int = 1, **kw: object) -> Problem:
@@ -24,54 +23,6 @@ def problem(p: int, m: int, v: int = 1, **kw: object) -> Problem:
     )
     data.update(kw)
     return Problem.model_validate(data)
-
-
-# ---- GIS anchors (PipeOffload, d = 8, v = 4, m = 32, unit costs) -------------------------------
-
-
-def test_gis_and_gis_h_anchors() -> None:
-    pb = problem(8, 32, 4)
-    gis = simulate(pb, gis_rows(8, 32, 4, 8)).evaluation
-    gis_h = simulate(pb, gis_rows(8, 32, 4, 4)).evaluation
-    # GIS: bubble (p-1)(F+B) = 14 units, peak d*v; GIS-H: 14 + (p-g)(v-1)(F+B-W) = 26, g(v-1)+d
-    assert gis.makespan == 384 + 14 and max(gis.peak_memory) == 32
-    assert round(gis.bubble_rate or 0, 4) == 0.0352
-    assert gis_h.makespan == 384 + 26 and max(gis_h.peak_memory) == 20
-    assert round(gis_h.bubble_rate or 0, 4) == 0.0634
-
-
-def test_pipeoffload_is_gis_when_memory_is_free() -> None:
-    s = generate("pipeoffload", problem(8, 32, 4))
-    assert s.params["group_size"] == 8 and s.evaluation.num_offloaded == 0
-    assert s.evaluation.makespan == 398
-
-
-def test_pipeoffload_falls_back_to_gis_h_when_copies_cannot_hide() -> None:
-    # copies so slow that no window holds 3 round trips: only the group size can save memory
-    slow = {"bytes": 1, "d2h_bandwidth": 0.01, "h2d_bandwidth": 0.01}
-    s = generate("pipeoffload", problem(8, 32, 4, memory_limit=20, offload=slow))
-    assert s.params["group_size"] == 4 and s.evaluation.num_offloaded == 0
-    assert s.evaluation.makespan == 410 and max(s.evaluation.peak_memory) == 20
-
-
-def test_pipeoffload_offloads_to_fit_where_1f1b_class_does_not() -> None:
-    pb = problem(4, 12, 1, memory_limit=2)
-    s = generate("pipeoffload", pb)
-    ev = s.evaluation
-    assert ev.feasible and max(ev.peak_memory) <= 2
-    assert 0 < ev.num_offloaded < 4 * 12
-    # 1F1B's order (the GIS base at v = 1) holds p microbatches on stage 0
-    assert max(simulate(pb, gis_rows(4, 12, 1, 4)).evaluation.peak_memory) == 4
-
-
-def test_pipeoffload_not_applicable_reasons() -> None:
-    with pytest.raises(NotApplicable, match="offload: null"):
-        generate("pipeoffload", problem(4, 8, offload=None, memory_limit=2))
-    with pytest.raises(NotApplicable, match="interleaved placement"):
-        generate("pipeoffload", problem(4, 8, 2, placement="vshape"))
-    slow = {"bytes": 1, "d2h_bandwidth": 0.01, "h2d_bandwidth": 0.01}
-    with pytest.raises(NotApplicable, match="fits the memory limit"):
-        generate("pipeoffload", problem(4, 8, memory_limit=2, offload=slow))
 
 
 # ---- AdaOffload --------------------------------------------------------------------------------

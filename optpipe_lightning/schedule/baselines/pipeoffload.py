@@ -1,211 +1,181 @@
-"""PipeOffload (arXiv 2503.01328): grouped interleaved schedules with selective offload.
+"""PipeOffload (Wan et al., arXiv 2503.01328, ICML 2025) as its paper and its authors' code define it.
 
-Base orders, interleaved placement with v chunks (v = 1 is 1F1B with split backward):
+The family, each member timed by the one simulator on the problem (any v >= 1, interleaved
+placement):
 
-- GIS with group size g: forwards in groups of g microbatches, each group through chunk 0, 1,
-  ..., v-1; backwards likewise with the chunks reversed. Rank i runs g(v-1) + p - i forwards of
-  warm-up, then (B, W, F) steps. g = p is GIS (bubble (p-1)(F+B), peak p*v chunk units at unit
-  costs), g = ceil(p/2) is GIS-H (peak g(v-1)+p), g = 1 the uniform repeating order.
+1. Orders (``_gis_order``): the published building-block orders with split backward, interleave
+   group size ``g`` from ``p`` (GIS) down to ``ceil(p/2)`` (GIS-H), and 1 (the uniform repeating
+   order). At unit costs GIS has bubble ``(p-1)(F+B)`` and peak ``p v`` chunk units; group ``g``
+   adds ``(p-g)(v-1)(F+B-W)`` of bubble and holds ``g(v-1) + p``. With one chunk every group
+   size gives the same order (1F1B with split backward, ``p - d`` warm-up forwards).
+2. Selective offload (``_offload_grid``): every microbatch of the first ``k`` chunks (the
+   longest-lived activations) for ``k = 1..v``, placed on the published one-offload-one-reload
+   slot grid shared by GPU pairs, under the published "lazy" rule (skip an activation whose
+   window is at most 3 round trips; planned on the published planning timeline, so the orders
+   are the authors' own) and under the rule of the authors' issue #70, "fit" (offload every one
+   the grid holds, longest-lived first, planned on the timeline the order really runs: the
+   published planning postpones warm-up forwards that then run early, and reloads listed for
+   the postponed timeline run early too).
+3. The sweep keeps the fastest member that fits the memory limit (fewer offloads, then lower
+   peak, on ties). A base order that fits needs no offload (``k = 0``); for each group size and
+   rule the least ``k`` that fits is the one kept (more offload only adds copies); a group size
+   whose base order is already slower than the best fitting member is skipped (offload only
+   delays).
 
-Selective offload (PipeOffload §3-4): on every stage the same share of its activations moves to
-the host, the longest-lived first (earliest chunk first, then the longest F-end to B-start
-window); an activation is skipped when its window is shorter than ``WINDOW_FACTOR`` round trips
-(the reference heuristic's rule). The smallest share that fits the memory limit is found by
-bisection; OFFLOAD goes right after the F, RELOAD as late as still hides the copy. Over the
-family, the fitting schedule with the smallest makespan wins (fewer offloads on ties).
+Without offload settings the family is the GIS group sizes alone (``k = 0``), which needs
+``v > 1`` (with one chunk it is ZB-H1's order). ``NotApplicable`` names why when no member fits.
+
+Where it departs from the authors' code: at ``v = 1`` their copy pass fails (an index error in
+its warm-up step when a device of the pair has no copy before the first reload) and so does it
+whenever one device of a pair has nothing to move; here such a device simply keeps its slots.
+Their paired-rank barriers are not modelled (the simulator's shared copy channel arbitrates).
+The orders of every member their generator builds are theirs: 15 golden cases in
+``tests/baselines_b/data`` and the members ``benchmarks/bench_peer.py`` checks on its problems.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import SimResult, simulate
 from . import NotApplicable, make_schedule
 from ._deadline import check_deadline
-from ._listsched import Key, Rows, TransferPlacer, below_one_activation, live_windows
+from ._gis_order import Plan, Rows, gis_order, group_sizes, min_group_size, planning_times
+from ._listsched import below_one_activation
+from ._offload_grid import RULES, GridError, Rule, place_copies
 
-WINDOW_FACTOR = 3.0  # PipeOffload skips an offload whose window is under 3 round trips
-SHARE_STEPS = 32  # resolution of the offloaded share per stage
+
+@dataclass(frozen=True)
+class Member:
+    """One member of the family: group size, offloaded chunks (0 = none) and the copy rule."""
+
+    group_size: int
+    offload_chunks: int = 0
+    rule: Rule = "lazy"
 
 
-def gis_rows(p: int, m: int, v: int, g: int, extra: int = 0) -> Rows:
-    """Grouped interleaved orders (split backward) with group size g (see module doc) and
-    ``extra`` more warm-up forwards on every rank."""
-    g = max(1, min(g, m))
-    fwd: list[Action] = []
-    bwd: list[Action] = []
-    for k0 in range(0, m, g):
-        group = range(k0, min(m, k0 + g))
-        fwd += [Action("F", j, c) for c in range(v) for j in group]
-        bwd += [Action("B", j, c) for c in reversed(range(v)) for j in group]
-    rows: Rows = []
-    for i in range(p):
-        warm = min(len(fwd), g * (v - 1) + p - i + extra)
-        row = fwd[:warm]
-        nf = warm
-        for b in bwd:
-            row += [b, Action("W", b.mb, b.chunk)]
-            if nf < len(fwd):
-                row.append(fwd[nf])
-                nf += 1
-        rows.append(row)
-    return rows
+def member_orders(problem: Problem, member: Member) -> Rows:
+    """The orders of one member (compute and copies); raises ``GridError`` or ``ValueError``
+    when it cannot be built (the published generator would refuse it too)."""
+    rows = gis_order(problem, member.group_size)
+    if member.offload_chunks == 0:
+        return rows
+    plan = _plan(problem, member, rows, simulate(problem, rows))
+    return place_copies(problem, plan, member.offload_chunks, member.rule)[0]
+
+
+def _plan(problem: Problem, member: Member, rows: Rows, base: SimResult) -> Plan:
+    """The timeline the copies are laid out on: the published planning timeline for the lazy
+    rule; for the fit rule the one the order really runs (``base``: p2p time, no postponed
+    warm-up), so that what is planned to fit does."""
+    if member.rule == "fit":
+        assert base.timeline is not None
+        return [base.timeline.compute_rows(s) for s in range(problem.num_stages)]
+    plan = planning_times(problem, member.group_size)
+    if plan is None:
+        raise GridError(f"group size {member.group_size}: the order does not run")
+    return plan
 
 
 def runnable_gis(problem: Problem, g: int) -> tuple[Rows, SimResult]:
-    """The GIS order of group size g with the least extra warm-up that does not deadlock (a
-    group smaller than p, or a short last group, needs more forwards in flight)."""
-    p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
-    extra = 0
-    while True:
-        check_deadline()
-        rows = gis_rows(p, m, v, g, extra)
-        res = simulate(problem, rows)
-        if res.timeline is not None or extra >= m * v:
-            return rows, res
-        extra += 1
+    """The published order of group size g (or the next size up the published generator can
+    build) and its simulation; the base orders AdaOffload also starts from."""
+    p = problem.num_stages
+    for size in range(max(1, min(g, p)), p + 1):
+        try:
+            rows = gis_order(problem, size)
+        except ValueError:
+            continue
+        return rows, simulate(problem, rows)
+    raise AssertionError("group size p always builds")  # pragma: no cover
 
 
-def group_sizes(p: int, m: int, v: int) -> list[int]:
-    """The GIS family tried: p down to ceil(p/2), then 1 (uniform); one size when v = 1."""
-    if v == 1:
-        return [p]
-    sizes = [*range(min(p, m), min(math.ceil(p / 2), m) - 1, -1), 1]
-    return list(dict.fromkeys(sizes))
-
-
-class _SharePlanner:
-    """Share plans on one base order and timeline: the eligible activations of each stage,
-    sorted the way the shares take them, and the transfer placement are made once."""
-
-    def __init__(self, problem: Problem, rows: Rows, base: SimResult) -> None:
-        self.problem = problem
-        self.placer = TransferPlacer(problem, rows, base)
-        ob = problem.cost("offload_bytes")
-        self.eligible: list[list[Key]] = []
-        for s in range(problem.num_stages):
-            elig = []
-            for (mb, c), (f_end, b_start, _issue) in live_windows(problem, base, s).items():
-                rt = problem.offload_time(s, c) + problem.reload_time(s, c)
-                if ob[s, c] > 0 and b_start - f_end >= WINDOW_FACTOR * rt:
-                    elig.append((c, -(b_start - f_end), mb))
-            elig.sort()
-            self.eligible.append([(s, mb, c) for c, _w, mb in elig])
-
-    def plan(self, shares: list[int]) -> tuple[list[Key], SimResult]:
-        """Offload ``shares[s] / SHARE_STEPS`` of stage s's eligible activations, longest-lived
-        first (earliest chunk, then longest window), and simulate."""
-        check_deadline()
-        chosen: list[Key] = []
-        for s, elig in enumerate(self.eligible):
-            n = math.ceil(shares[s] * len(elig) / SHARE_STEPS - 1e-9)
-            chosen += elig[:n]
-        return chosen, simulate(self.problem, self.placer.place(chosen))
-
-
-def _least_shares(planner: _SharePlanner) -> tuple[list[int], list[Key], SimResult] | None:
-    """The same share on every stage, bisected to the least that fits; None if even all the
-    eligible activations do not make it fit."""
-    p = planner.problem.num_stages
-    chosen, res = planner.plan([SHARE_STEPS] * p)
-    if not res.feasible:
-        return None
-    lo, hi = 0, SHARE_STEPS  # fits at hi, not at lo (the base does not fit)
-    found = (chosen, res)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        trial = planner.plan([mid] * p)
-        if trial[1].feasible:
-            hi, found = mid, trial
-        else:
-            lo = mid
-    return [hi] * p, found[0], found[1]
-
-
-def _refine_per_stage(
-    planner: _SharePlanner, shares: list[int], res: SimResult
-) -> tuple[list[Key], SimResult] | None:
-    """Lower each stage's share on its own (bisection) while the schedule fits and is no slower
-    (stages differ: rank 0 holds the most, the last rank the least)."""
+def _key(res: SimResult, n_off: int) -> tuple[float, int, float]:
     assert res.makespan is not None
-    limit_ms = res.makespan * (1 + 1e-9)
-    best: tuple[list[Key], SimResult] | None = None
-    for s in range(planner.problem.num_stages):
-        lo, hi = -1, shares[s]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            trial_shares = [*shares[:s], mid, *shares[s + 1 :]]
-            trial = planner.plan(trial_shares)
-            ms = trial[1].makespan
-            if trial[1].feasible and ms is not None and ms <= limit_ms:
-                hi, best = mid, trial
-            else:
-                lo = mid
-        shares[s] = hi
-    return best
+    return (res.makespan, n_off, max(res.evaluation.peak_memory, default=0.0))
+
+
+def _better(a: tuple[float, int, float], b: tuple[float, int, float] | None) -> bool:
+    if b is None or a[0] < b[0] * (1 - 1e-12):
+        return True
+    return a[0] <= b[0] * (1 + 1e-12) and a[1:] < b[1:]
 
 
 def pipeoffload(problem: Problem) -> Schedule:
-    """PipeOffload's GIS family with the least selective offload that fits the memory limit."""
-    if problem.offload is None:
-        raise NotApplicable("pipeoffload needs offload settings (the problem has offload: null)")
-    p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
+    """The fastest PipeOffload schedule (module doc) that fits the memory limit."""
+    v = problem.num_chunks
     if v > 1 and problem.placement != "interleaved":
         raise NotApplicable(
             "pipeoffload's schedules use interleaved placement "
             f"(problem has placement={problem.placement!r})"
         )
+    if problem.offload is None and v == 1:
+        raise NotApplicable(
+            "pipeoffload without offload (offload: null) and one chunk is ZB-H1's order (see zb-h1)"
+        )
     why_not = below_one_activation(problem)
     if why_not:
         raise NotApplicable(f"pipeoffload: {why_not}")
-    # (makespan, offloads, group size, compute rows, base timeline, shares, plan)
-    best: tuple[float, int, int, Rows, SimResult, list[int], tuple[list[Key], SimResult]] | None
-    best = None
     reasons: list[str] = []
-    # offload only delays ops: a base no faster than the best fitted plan cannot win
-    cands = sorted(
-        ((runnable_gis(problem, g), g) for g in group_sizes(p, m, v)),
-        key=lambda x: (x[0][1].makespan or float("inf"), not x[0][1].feasible),
-    )
-    for (rows, base), g in cands:
-        assert base.timeline is not None and base.makespan is not None
-        if best is not None and (
-            base.makespan > best[0] * (1 + 1e-9)
-            or (base.makespan >= best[0] * (1 - 1e-9) and (best[1] == 0 or not base.feasible))
-        ):
+    bases: list[tuple[float, int, Rows, SimResult]] = []
+    for g in group_sizes(problem):
+        check_deadline()
+        try:
+            rows = gis_order(problem, g)
+        except ValueError as e:
+            reasons.append(str(e))
             continue
-        found: tuple[list[Key], SimResult]
+        res = simulate(problem, rows)
+        if res.makespan is None:
+            reasons.append(f"group size {g}: the published order does not run")
+            continue
+        bases.append((res.makespan, g, rows, res))
+    bases.sort(key=lambda x: (x[0], not x[3].feasible))
+    best: tuple[tuple[float, int, float], Member, SimResult] | None = None
+    for base_ms, g, base_rows, base in bases:
+        if best is not None and base_ms > best[0][0] * (1 + 1e-12):
+            break  # sorted: every later base is slower still
         if base.feasible:
-            shares, found = [0] * p, ([], base)
-        else:
-            least = _least_shares(_SharePlanner(problem, rows, base))
-            if least is None:
-                reasons.append(f"group size {g}")
-                continue
-            shares, found = least[0], (least[1], least[2])
-        ms = found[1].makespan
-        assert ms is not None
-        if best is None or (ms, len(found[0])) < (best[0] * (1 - 1e-12), best[1]):
-            best = (ms, len(found[0]), g, rows, base, shares, found)
+            if _better(_key(base, 0), best and best[0]):
+                best = (_key(base, 0), Member(g), base)
+            continue
+        if problem.offload is None:
+            reasons.append(f"group size {g} holds {max(base.evaluation.peak_memory):.4g}")
+            continue
+        seen: dict[tuple[tuple[Action, ...], ...], SimResult] = {}
+        for rule in RULES:
+            plan = _plan(problem, Member(g, 1, rule), base_rows, base)
+            for k in range(1, v + 1):
+                check_deadline()
+                try:
+                    rows, chosen = place_copies(problem, plan, k, rule)
+                except GridError as e:
+                    reasons.append(f"g={g} k={k} {rule}: {e}")
+                    break  # more chunks only crowd the grid further
+                key = tuple(map(tuple, rows))  # the rules often agree: simulate once
+                res = seen.get(key) or seen.setdefault(key, simulate(problem, rows))
+                if res.feasible:
+                    if _better(_key(res, len(chosen)), best and best[0]):
+                        best = (_key(res, len(chosen)), Member(g, k, rule), res)
+                    break
     if best is None:
         lim = min(x for x in problem.memory_limits() if x is not None)
+        detail = "; ".join(dict.fromkeys(reasons))
         raise NotApplicable(
-            f"no PipeOffload schedule fits the memory limit {lim:.4g} even offloading every "
-            f"activation whose window is at least {WINDOW_FACTOR:g} round trips "
-            f"(tried {', '.join(reasons)})"
+            f"no PipeOffload schedule fits the memory limit {lim:.4g}"
+            + (" even offloading every chunk" if problem.offload is not None else "")
+            + (f" ({detail[:200]})" if detail else "")
         )
-    _ms, _n, g, rows, base, shares, (chosen, res) = best
-    if chosen:
-        refined = _refine_per_stage(_SharePlanner(problem, rows, base), shares, res)
-        if refined is not None:
-            chosen, res = refined
+    _k, member, res = best
     assert res.timeline is not None
     params: dict[str, object] = {
-        "group_size": g,
+        "group_size": member.group_size,
+        "min_group_size": min_group_size(problem),
         "chunks": v,
-        "num_offloaded": len(chosen),
-        "window_factor": WINDOW_FACTOR,
+        "offload_chunks": member.offload_chunks,
+        "rule": member.rule if member.offload_chunks else None,
+        "num_offloaded": res.evaluation.num_offloaded,
     }
     return make_schedule(problem, "pipeoffload", res.timeline.actions, params)

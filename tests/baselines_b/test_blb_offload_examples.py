@@ -1,0 +1,67 @@
+"""The shipped examples in PipeOffload's regime: each is what its README command makes, and at
+its limit offload pays (nothing without copies runs at 1F1B's speed; the offload baselines do)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from optpipe_lightning.cli import app
+from optpipe_lightning.schedule import Problem
+from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "problems"
+
+
+def readme_commands() -> dict[str, list[str]]:
+    """file name -> the ``optpipe problem`` arguments the README gives for it."""
+    out: dict[str, list[str]] = {}
+    for line in (EXAMPLES / "README.md").read_text().splitlines():
+        if line.startswith("optpipe problem "):
+            args = shlex.split(line)[1:]
+            i = args.index("--out")
+            out[Path(args[i + 1]).name] = args[:i] + args[i + 2 :]
+    return out
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_names_the_offload_examples() -> None:
+    assert len(COMMANDS) >= 3
+    assert all(name.startswith("gpt-") for name in COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_offload_example_is_its_readme_command(name: str) -> None:
+    res = CliRunner().invoke(app, COMMANDS[name])
+    assert res.exit_code == 0, res.output
+    made = Problem.model_validate_json(res.stdout)
+    shipped = Problem.model_validate_json((EXAMPLES / name).read_text())
+    assert made.hash == shipped.hash and made.name == shipped.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_offload_pays_at_the_example_limit(name: str) -> None:
+    pb = Problem.model_validate_json((EXAMPLES / name).read_text())
+    assert pb.offload is not None and pb.offload.channel_groups[0] == [0, 1]
+    fits: dict[str, float] = {}
+    fails: dict[str, float] = {}
+    for b in BASELINE_NAMES:
+        try:
+            ev = generate(b, pb).evaluation
+        except NotApplicable:
+            continue
+        assert ev is not None and ev.makespan is not None
+        (fits if ev.feasible else fails)[b] = ev.makespan
+    fastest_unlimited = min(fails.values())  # 1F1B-class orders, over the limit
+    copying = {b: ms for b, ms in fits.items() if b in ("pipeoffload", "adaoffload")}
+    no_copies = {b: ms for b, ms in fits.items() if b not in copying}
+    assert "pipeoffload" in copying and "adaoffload" in copying
+    assert max(copying.values()) < 1.25 * fastest_unlimited
+    # without copies nothing fits at 1F1B's speed: where anything fits, it is 2x slower
+    assert all(ms > 2 * max(copying.values()) for ms in no_copies.values())
