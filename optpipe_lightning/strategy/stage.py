@@ -215,6 +215,17 @@ class OptPipeStage(PipelineStage):
         self.cursor = cursor
         self._deferred_loss: dict[int, Any] = {}
 
+    def _get_init_p2p_neighbors_ops(self) -> list[Any]:
+        """torch's p2p warm-up, without the ops to a neighbour stage on this same rank.
+
+        torch (2.9-2.12 at least) warms up a send and a receive with every neighbour stage at the
+        first step, also one this rank holds itself (V-shape's turn, or a one-process group):
+        a send to oneself, which gloo refuses ("Pair is not connected"). Such a neighbour hands
+        its tensors over locally and needs no warm-up.
+        """
+        ops = super()._get_init_p2p_neighbors_ops()
+        return [op for op in ops if getattr(op, "group_peer", None) != self.group_rank]
+
     def forward_one_chunk(
         self, fwd_chunk_id: int, args: Any, kwargs: Any = None, *rest: Any, **kw: Any
     ) -> Any:
