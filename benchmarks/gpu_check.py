@@ -164,8 +164,17 @@ def run_section(
         sec["status"] = "ok"
     except Exception as e:  # every section records its own failure and the run goes on
         sec["status"] = "error"
-        sec["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
-        sec["traceback"] = traceback.format_exc().splitlines()[-12:]
+        sec["error"] = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
+        # torch wraps a failing backward in a RuntimeError whose message says little: keep the
+        # causes too (the chain's root names the real failure)
+        causes, c = [], e.__cause__ or e.__context__
+        while c is not None and len(causes) < 4:
+            causes.append(f"{type(c).__name__}: {c}".strip().splitlines()[0][:500])
+            c = c.__cause__ or c.__context__
+        if causes:
+            sec["causes"] = causes
+            sec["error"] += f" (caused by {causes[-1]})"
+        sec["traceback"] = traceback.format_exc().splitlines()[-40:]
         log(f"{name}: ERROR {sec['error']}")
     sec["seconds"] = round(time.perf_counter() - t0, 2)
     log(f"{name}: {sec['status']} in {sec['seconds']:.1f} s")

@@ -601,7 +601,9 @@ def stage_schedule(
         if cuda:
             static = torch.cuda.memory_allocated(device)
             total = torch.cuda.get_device_properties(device).total_memory
-            cap = static + limit * 1.10 + costs.get("transient_bytes", 0.0)
+            # a cap well above the prediction: it stops a runaway executor, while a model that
+            # is somewhat off still gets measured (the ratios below say by how much)
+            cap = static + limit * 2.0 + costs.get("transient_bytes", 0.0)
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
             frac_set = True
             measured["static_bytes"] = static
@@ -614,8 +616,12 @@ def stage_schedule(
             t0 = time.perf_counter()
             try:
                 engine.step(x, g)
-            except torch.cuda.OutOfMemoryError as e:  # the executor broke the model's memory
-                measured["oom"] = str(e).splitlines()[0][:300]
+            except RuntimeError as e:  # the executor broke the model's memory
+                # torch's stage backward re-raises an out-of-memory as a plain RuntimeError
+                oom = _out_of_memory(e)
+                if oom is None:
+                    raise
+                measured["oom"] = str(oom).strip().splitlines()[0][:300]
                 measured["peak_at_oom_bytes"] = torch.cuda.max_memory_allocated(device) - static
                 break
             _sync(device)
@@ -706,6 +712,18 @@ def stage_schedule(
     flush()
     if "oom" in measured:
         raise RuntimeError(f"a step ran out of memory under the cap: {measured['oom']}")
+
+
+def _out_of_memory(e: BaseException) -> BaseException | None:
+    """The out-of-memory error in ``e``'s chain of causes, if any."""
+    c: BaseException | None = e
+    for _ in range(6):
+        if c is None:
+            return None
+        if isinstance(c, torch.cuda.OutOfMemoryError) or "out of memory" in str(c).lower():
+            return c
+        c = c.__cause__ or c.__context__
+    return None
 
 
 def _least_limit(
