@@ -99,14 +99,17 @@ def check_microbatches(m: int, p: int) -> None:
         )
 
 
-def check_sizes(options: PipelineOptions, world_size: int, num_stages: int, m: int) -> None:
-    """World size vs stages x replicas, microbatches vs stages, the named schedule's shape."""
-    p, d = num_stages, options.data_parallel
+def check_sizes(options: PipelineOptions, world_size: int, num_stages: int) -> None:
+    """World size vs stages x replicas, microbatches vs stages, the named schedule's shape
+    (with ``num_microbatches="auto"`` the count is chosen, and checked, on the first batch)."""
+    p, d, m = num_stages, options.data_parallel, options.num_microbatches
     if world_size % p != 0 or world_size // p != d:
         raise OptPipeConfigError(
             f"world size {world_size} does not equal num_stages={p} x data_parallel={d}; use "
             f"{p * d} devices or change num_stages/data_parallel"
         )
+    if not isinstance(m, int):
+        return
     check_microbatches(m, p)
     if options.schedule != "optimal":
         # the shape rules of the named schedule (chunks, placement, microbatch count)

@@ -11,6 +11,7 @@
 - ``profiling_schedule``: what the profiling steps run: all forwards, then for each microbatch in
   reverse order B then W on every stage (split backward, one op at a time per stage), so every op
   kind is timed on its own.
+- ``forward_order``: the forwards of validation, test and predict.
 """
 
 from __future__ import annotations
@@ -110,6 +111,24 @@ def profiling_schedule(problem: Problem) -> Schedule:
     return make_schedule(
         problem.with_changes(memory_limit=None, offload=None), "optpipe-profiling", rows
     )
+
+
+def forward_order(problem: Problem) -> list[list[Action]]:
+    """Forwards only (validation, test, predict), per device.
+
+    In rounds of ``p`` microbatches, each chunk in model order: sorted by (round, chunk,
+    microbatch, layer group), every forward comes after the one that feeds it, so no rank waits
+    on a rank that waits on it, and a round keeps every device busy.
+    """
+    p = problem.num_stages
+    keyed = []
+    for g, (s, c) in enumerate(problem.group_table):
+        for mb in range(problem.num_microbatches):
+            keyed.append(((mb // p, c, mb, g), s, Action("F", mb, c)))
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    for _, s, action in sorted(keyed, key=lambda k: k[0]):
+        rows[s].append(action)
+    return rows
 
 
 def _feasible(problem: Problem, schedule: Schedule) -> bool:

@@ -196,6 +196,10 @@ class OptPipeStage(PipelineStage):
         self.chunk = chunk
         self.cursor = cursor
         self._deferred_loss: dict[int, Any] = {}
+        # the last layer group's latest forward output and its microbatch: torch computes the
+        # loss from exactly this object (its first-step shape inference uses another one)
+        self.last_output: Any = None
+        self.last_output_mb = -1
 
     def forward_one_chunk(
         self, fwd_chunk_id: int, args: Any, kwargs: Any = None, *rest: Any, **kw: Any
@@ -204,6 +208,8 @@ class OptPipeStage(PipelineStage):
         with self.cursor.forward_context(fwd_chunk_id, self.chunk):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, *rest, **kw)
         self.cursor.end("F", fwd_chunk_id, self.chunk)
+        if self.is_last:
+            self.last_output, self.last_output_mb = out, fwd_chunk_id
         if self.cursor.measure and isinstance(out, torch.Tensor):
             self.cursor.out_bytes.append(out.numel() * out.element_size())
         return out

@@ -11,14 +11,15 @@ takes the 2-norm over every stage's gradients (one all-reduce over the pipeline)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .contract import ContractError
 from .process_groups import PipelineComm
+
+T = TypeVar("T")
 
 
 class GradientHandover:
@@ -28,7 +29,7 @@ class GradientHandover:
         self._params: list[nn.Parameter] = []
         self._pending: list[Tensor | None] | None = None
 
-    def run(self, params: Sequence[nn.Parameter], fn: Callable[[], Tensor]) -> Tensor:
+    def run(self, params: Sequence[nn.Parameter], fn: Callable[[], T]) -> T:
         """``fn()`` on fresh ``.grad``; its gradients are held, the old ones put back."""
         old = [p.grad for p in params]
         for p in params:
@@ -79,34 +80,3 @@ def clip_grad_norm_over_pipeline(
     coef = torch.clamp(float(clip_val) / (sq.sqrt() + 1e-6), max=1.0)
     for g in grads:
         g.detach().mul_(coef.to(g.dtype))
-
-
-def check_same_batch(inputs: Any, targets: Any, comm: PipelineComm, error: type[Exception]) -> None:
-    """Stage 0 takes the inputs, the last stage the targets: they must be the same samples."""
-    if not comm.distributed:
-        return
-    sig = batch_signature(inputs) + batch_signature(targets)
-    sigs = comm.gather(sig)
-    if any(x != sigs[0] for x in sigs):
-        raise error(
-            "the ranks of one pipeline got different batches (stage 0's inputs would meet "
-            "other samples' targets); let Lightning add its distributed sampler "
-            "(use_distributed_sampler=True) or give every stage of a replica the same data"
-        )
-
-
-def batch_size(x: Any) -> int:
-    if isinstance(x, Tensor):
-        return int(x.shape[0])
-    if isinstance(x, tuple | list) and x:
-        return batch_size(x[0])
-    raise ContractError("pipeline inputs must be a tensor or a tuple of tensors (batch first)")
-
-
-def batch_signature(x: Any) -> list[float]:
-    if isinstance(x, Tensor):
-        t = x.detach().double()
-        return [float(t.sum()), float((t * t).sum()), float(t.numel())]
-    if isinstance(x, tuple | list):
-        return [v for item in x for v in batch_signature(item)]
-    return []
