@@ -138,12 +138,12 @@ class MetricsRecorder(pl.Callback):
 
 def trainer(devices: int, strategy: Any = "auto", **kwargs: Any) -> pl.Trainer:
     kwargs.setdefault("max_epochs", 2)
+    kwargs.setdefault("enable_checkpointing", False)
     return pl.Trainer(
         accelerator="cpu",
         devices=devices,
         strategy=strategy,
         logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         **kwargs,

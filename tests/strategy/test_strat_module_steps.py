@@ -142,3 +142,105 @@ def test_module_steps_equal_one_device_with_the_solver_offloading(
         ("stored profile", True)
     ]
     assert int(offloads.read_text()) > 0  # the last step moved activations off stage 0
+
+
+def test_fork_launch_leaves_the_trained_model_and_checkpoints_resume_on_four_stages(
+    one_device: dict[str, Any], tmp_path: Path
+) -> None:
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from pipelined_lm import MetricsRecorder, trainer
+
+    # Lightning's fork launcher: the workers are not the user's process
+    model = LM()
+    ckpts = ModelCheckpoint(
+        dirpath=tmp_path, filename="{epoch}-{val_loss:.5f}", monitor="val_loss", save_top_k=-1
+    )
+    stop = EarlyStopping(monitor="val_acc", mode="max", patience=5)
+    tr = trainer(
+        2,
+        pipelined(schedule="1f1b", start_method="fork"),
+        callbacks=[ckpts, stop],
+        enable_checkpointing=True,
+    )
+    tr.fit(model)
+    for k, v in one_device["state"].items():  # the whole trained model, here
+        torch.testing.assert_close(model.state_dict()[k], v, atol=TOL, rtol=0)
+    # ModelCheckpoint saw one device's val_loss after each epoch
+    # (the recorded validations: the sanity check, two epochs, then trainer.validate)
+    val_losses = [row["val_loss"] for where, row in one_device["rows"] if where == "val"][1:3]
+    names = sorted(p.name for p in tmp_path.glob("epoch=*.ckpt"))
+    assert names == [f"epoch={e}-val_loss={v:.5f}.ckpt" for e, v in enumerate(val_losses)]
+    # the first epoch's checkpoint resumes on 4 stages with another schedule: the second epoch
+    # ends where one device does
+    first = str(tmp_path / names[0])
+    out = tmp_path / "resumed.pt"
+
+    def resume() -> None:
+        model = LM()
+        rec = MetricsRecorder()
+        tr = trainer(4, pipelined(schedule="zb-h1"), callbacks=[rec])
+        tr.fit(model, ckpt_path=first)
+        if tr.global_rank == 0:
+            torch.save({"rows": rec.rows, "state": model.state_dict()}, out)
+
+    assert launch(4, resume, tmp_path / "resume") == ["", "", "", ""]
+    got = torch.load(out, weights_only=False)
+    for k, v in one_device["state"].items():
+        torch.testing.assert_close(got["state"][k], v, atol=TOL, rtol=0)
+    want = [row for where, row in one_device["rows"] if where == "epoch"][-1]  # after epoch 2
+    assert got["rows"][-1][0] == "epoch"
+    for k, v in got["rows"][-1][1].items():
+        assert v == pytest.approx(want[k], abs=TOL), k
+
+
+def test_two_nodes_through_torchrun_train_as_one_device(
+    one_device: dict[str, Any], tmp_path: Path
+) -> None:
+    """``Trainer(num_nodes=2, devices=2)`` started by two torchrun "nodes" on 127.0.0.1."""
+    import subprocess
+    import sys
+
+    from pipelined_lm import free_port
+
+    script = Path(__file__).with_name("two_node_train.py")
+    port = free_port()
+    out = tmp_path / "two_nodes.pt"
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                f"--node-rank={node}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                str(script),
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in range(2)
+    ]
+    logs = []
+    for proc in nodes:
+        try:
+            logs.append(proc.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            for p in nodes:
+                p.kill()
+            raise
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    got = torch.load(out, weights_only=False)
+    assert got["world"] == {"nodes": 2, "devices": 2, "world_size": 4, "num_stages": 4}
+    for k, v in one_device["state"].items():
+        torch.testing.assert_close(got["state"][k], v, atol=TOL, rtol=0)
+    fit_rows = one_device["rows"][:-1]  # (its last row is trainer.validate's)
+    for (where, row), (_, want) in zip(got["rows"], fit_rows, strict=True):
+        for k, v in want.items():
+            assert row[k] == pytest.approx(v, abs=TOL), (where, k)
