@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -372,6 +373,11 @@ class OptPipeStrategy(ParallelStrategy):
             backend=self._process_group_backend or "gloo",
             notify=_notify,
         )
+        if self.options.data_parallel == 1:
+            # every rank logs the last stage's values: one replica needs no sync_dist
+            warnings.filterwarnings(
+                "ignore", message=r"It is recommended to use `self.log\(.*sync_dist=True\)`"
+            )
         if self.model is not None:
             self.model = self.precision_plugin.convert_module(self.model)
         if trainer.state.fn == "fit":

@@ -120,10 +120,12 @@ class MetricsRecorder(pl.Callback):
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, dict[str, float]]] = []
+        self.optpipe: dict[str, float] = {}  # the strategy's own metrics, latest values
 
     def _snap(self, trainer: pl.Trainer, where: str) -> None:
         metrics = trainer.callback_metrics
         row = {k: float(v) for k, v in metrics.items() if not k.startswith("optpipe/")}
+        self.optpipe.update({k: float(v) for k, v in metrics.items() if k.startswith("optpipe/")})
         self.rows.append((where, row))
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -164,7 +166,7 @@ def run_session(
     if after_fit is not None:
         after_fit(tr)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"optpipe": dict(rec.optpipe)}
     if hasattr(tr.strategy, "switches"):
         extra["switches"] = [dict(s) for s in tr.strategy.switches]
     val, test, pred = tr.validate(model), tr.test(model), tr.predict(model)

@@ -74,6 +74,11 @@ def test_module_steps_equal_one_device(
     got = torch.load(out, weights_only=False)
     assert_same_as_one_device(got, one_device)
     assert [s["to"] for s in got["switches"]] == [opts["schedule"]]
+    # the strategy's metrics: the schedule that ran, no switch since; unit costs predict nothing
+    assert got["optpipe"] == {
+        "optpipe/schedule_switches": 1.0,
+        f"optpipe/schedule/{opts['schedule']}": 1.0,
+    }
 
 
 def _stored_profile(url: str, microbatches: int, memory: float) -> None:
@@ -142,6 +147,8 @@ def test_module_steps_equal_one_device_with_the_solver_offloading(
         ("stored profile", True)
     ]
     assert int(offloads.read_text()) > 0  # the last step moved activations off stage 0
+    predicted = got["switches"][0]["predicted_seconds"]
+    assert got["optpipe"]["optpipe/predicted_step_s"] == pytest.approx(predicted)
 
 
 def test_fork_launch_leaves_the_trained_model_and_checkpoints_resume_on_four_stages(
