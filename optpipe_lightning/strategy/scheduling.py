@@ -35,8 +35,10 @@ from .contract import PipelineSpec
 from .engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
 from .microbatch import choose_microbatches, eval_microbatches
 from .options import OptPipeConfigError, PipelineOptions
+from .partition import PartitionError, chunked_partition, stage_layers
 from .planner import (
     NoScheduleError,
+    Placement,
     best_baseline,
     choose_schedule,
     initial_problem,
@@ -63,6 +65,11 @@ def _log_notify(text: str, detail: bool = False) -> None:
     log.log(logging.DEBUG if detail else logging.INFO, "%s", text)
 
 
+def _chunking(problem: Problem) -> tuple[int, Placement]:
+    """(chunks per device, placement); one chunk has no placement to speak of."""
+    return problem.num_chunks, problem.placement if problem.num_chunks > 1 else "interleaved"
+
+
 class Scheduler:
     """The engine and the schedule it runs; every method is called on every rank together."""
 
@@ -77,8 +84,12 @@ class Scheduler:
         model_name: str = "model",
         backend: str = "gloo",
         notify: Notify = _log_notify,
+        module: nn.Module | None = None,
+        optimizers: Callable[[], Sequence[Optimizer]] = tuple,
     ) -> None:
         self.options = options
+        self.module = module  # whose state moves when layers change ranks (re-chunking)
+        self.optimizers = optimizers
         self.spec = spec
         self.comm = comm
         self.device = device
@@ -183,6 +194,9 @@ class Scheduler:
         problem: Problem = profile.to_problem(memory_limit=limit)
         if not self.options.offload and problem.offload is not None:
             problem = problem.with_changes(offload=None)
+        if "layers_per_stage" in Problem.model_fields:
+            # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below)
+            problem = problem.with_changes(layers_per_stage=stage_layers(self.partition, problem))
         return problem
 
     def config(self) -> dict[str, Any]:
@@ -370,7 +384,10 @@ class Scheduler:
                     sched = choose_schedule(
                         o.schedule, problem, o.solver_backend, o.solver_time_limit
                     )
-                payload = ("ok", sched.model_copy(update={"problem": problem}).to_json())
+                if sched.problem is None or _chunking(sched.problem) == _chunking(problem):
+                    sched = sched.model_copy(update={"problem": problem})
+                # else: a schedule for another chunking of this pipeline, on its own problem
+                payload = ("ok", sched.to_json())
             except (NoScheduleError, ScheduleRejectedError, ValueError) as e:
                 payload = ("error", str(e))
         else:
@@ -381,6 +398,8 @@ class Scheduler:
         sched = Schedule.from_json(payload[1])
         # rank 0's problem for everyone (memory limits may differ a little between replicas)
         problem = sched.problem or problem
+        if _chunking(problem) != (self.num_chunks, self.placement):
+            self.rechunk(problem)
         self.switch(sched, problem, reason)
         self.phase = "run"
         if o.online_resolve and o.schedule_source is None and o.schedule == "optimal":
@@ -501,6 +520,34 @@ class Scheduler:
             False,
         )
         return True
+
+    def rechunk(self, problem: Problem) -> None:
+        """Run ``problem``'s chunking: each device keeps its layers, split into its chunks
+        (``partition.chunked_partition``); parameters and optimizer state move to their new
+        ranks as in a re-partition, so the numbers do not change."""
+        assert self.engine is not None and self.module is not None
+        v, placement = _chunking(problem)
+        old = list(self.partition)
+        shape = self.engine.problem
+        layers = stage_layers(self.partition, shape)
+        try:
+            new = chunked_partition(layers, v, placement)
+        except PartitionError as e:
+            raise NoScheduleError(f"the chosen schedule runs {v} chunks per device: {e}") from None
+        move_to_partition(self.module, self.optimizers(), self.engine, self.comm, self.device)
+        self.partition, self.num_chunks, self.placement = new, v, placement
+        if self._model_fp is not None:
+            update = {"num_chunks": v, "partition": new}
+            self._model_fp = self._model_fp.model_copy(update=update)
+        self.engine.instrument_layers(False)
+        base = self.shape_problem()
+        self.engine = self.new_engine(base, profiling_schedule(base), measure=False)
+        self.forward_pipelines.clear()
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {new} ({v} chunks per "
+            f"device, {placement} placement)",
+            False,
+        )
 
     # ---- the end -----------------------------------------------------------------------------
 

@@ -94,7 +94,10 @@ class OptPipeStrategy(ParallelStrategy):
             largest with one or more (chosen on the first training batch).
         schedule: ``"optimal"`` (the solver, falling back to the best baseline) or a baseline
             name (``"1f1b"``, ``"zb-h1"``, ``"zb-h2"``, ``"zbv"``, ``"interleaved-1f1b"``, ...).
-        num_chunks: chunks per device for ``"optimal"``/interleaved; V schedules use 2.
+        num_chunks: chunks per device (any count the layers allow: stages x chunks <= layers);
+            V schedules run 2, interleaved 1F1B 2 or more (default 2), others 1 by default.
+        placement: how a device's chunks sit in the model (``"interleaved"``: chunk c of device
+            d runs layer group c*p+d; ``"vshape"``: zig-zag); default by schedule.
         memory_limit: activation bytes per device: ``"auto"`` (device memory minus parameters,
             gradients and optimizer state; unlimited on CPU), a number, or None (unlimited).
         offload: allow activation offload (the schedule decides which activations move).
@@ -138,6 +141,7 @@ class OptPipeStrategy(ParallelStrategy):
         num_microbatches: int | Literal["auto"] = "auto",
         schedule: str = "optimal",
         num_chunks: int | None = None,
+        placement: Literal["interleaved", "vshape"] | None = None,
         memory_limit: MemoryLimit = "auto",
         offload: bool = True,
         solver_backend: str = "auto",
@@ -170,6 +174,7 @@ class OptPipeStrategy(ParallelStrategy):
             num_microbatches=num_microbatches,
             schedule=schedule,
             num_chunks=num_chunks,
+            placement=placement,
             memory_limit=memory_limit,
             offload=offload,
             solver_backend=solver_backend,
@@ -372,6 +377,8 @@ class OptPipeStrategy(ParallelStrategy):
             model_name=type(self.lightning_module).__name__,
             backend=self._process_group_backend or "gloo",
             notify=_notify,
+            module=self.lightning_module,
+            optimizers=lambda: self.optimizers,
         )
         if self.options.data_parallel == 1:
             # every rank logs the last stage's values: one replica needs no sync_dist

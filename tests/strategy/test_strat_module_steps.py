@@ -251,3 +251,31 @@ def test_two_nodes_through_torchrun_train_as_one_device(
     for (where, row), (_, want) in zip(got["rows"], fit_rows, strict=True):
         for k, v in want.items():
             assert row[k] == pytest.approx(v, abs=TOL), (where, k)
+
+
+def test_a_schedule_for_another_chunking_runs_on_the_partition_it_implies(
+    one_device: dict[str, Any], tmp_path: Path
+) -> None:
+    """The schedule chosen (here by ``schedule_source``, as the solver may) has 4 chunks per
+    device in V placement: each device keeps its 4 layers, one per chunk, zig-zag."""
+    from optpipe_lightning.schedule import Problem
+    from optpipe_lightning.schedule.baselines import generate
+
+    def four_chunks(problem: Problem) -> Any:
+        chunked = Problem(
+            num_stages=2, num_microbatches=4, num_chunks=4, placement="vshape", t_f=1, t_b=1, t_w=1
+        )
+        return generate("gpipe", chunked).model_copy(update={"problem": chunked})
+
+    out = tmp_path / "pp.pt"
+    partitions = tmp_path / "partition.txt"
+
+    def after_fit(tr: Any) -> None:
+        partitions.write_text(str(tr.strategy.scheduler.partition))
+
+    strategy = pipelined(schedule="1f1b", schedule_source=four_chunks)
+    assert launch(2, lambda: run_session(2, strategy, out, after_fit), tmp_path) == ["", ""]
+    got = torch.load(out, weights_only=False)
+    assert_same_as_one_device(got, one_device)
+    assert partitions.read_text() == str([1] * 8)
+    assert [s["to"] for s in got["switches"]] == ["gpipe"]
