@@ -338,6 +338,16 @@ class Scheduler:
             cursor.measure = False
         return losses
 
+    def metrics(self) -> dict[str, float]:
+        """What a training step logs about the schedule: the switches so far, the running
+        schedule's predicted step time (on measured costs) and the schedule itself."""
+        out = {"optpipe/schedule_switches": float(len(self.switches))}
+        if self.predicted is not None:
+            out["optpipe/predicted_step_s"] = float(self.predicted)
+        if self.engine is not None:
+            out[f"optpipe/schedule/{self.engine.schedule.generator}"] = 1.0
+        return out
+
     # ---- the optimizer-step boundary ---------------------------------------------------------
 
     def at_boundary(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:

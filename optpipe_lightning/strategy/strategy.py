@@ -31,7 +31,6 @@ import os
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -55,17 +54,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ..schedule import Problem, Schedule
-from .checkpoint import (
-    full_state_dict,
-    keep_local_optimizer_state,
-    load_optimizer_states,
-    merged_optimizer_state,
-)
+from .checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
 from .contract import ContractError, PipelineSpec, get_spec
 from .host_allocator import tune_host_allocator
 from .launcher import CheckingLauncher
-from .microbatch import MicrobatchError, leading_size, shape_key, signature, split_batch
-from .module_steps import DEFAULT_STEPS, ModuleStep, PipelineStepError, StepPayload
+from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .options import (
     MemoryLimit,
     OptPipeConfigError,
@@ -76,7 +69,7 @@ from .options import (
 from .partition import balanced_partition, validate_partition
 from .process_groups import PipelineComm, make_groups
 from .scheduling import Scheduler
-from .step import GradientHandover, average_over_replicas, clip_grad_norm_over_pipeline
+from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
 __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 
@@ -204,8 +197,7 @@ class OptPipeStrategy(ParallelStrategy):
         self.spec: PipelineSpec | None = None
         self.comm: PipelineComm | None = None
         self.scheduler: Scheduler | None = None  # one per trainer call, made in ``setup``
-        self._grads = GradientHandover()
-        self._input_shape: Any = None  # the training pipeline's input shape (fixed by torch)
+        self._steps: PipelinedSteps | None = None  # the step hooks' work, made in ``setup``
         self._installed: list[str] = []  # default steps put on the module (removed at teardown)
         self._in_step = False  # a module step runs on this rank alone (no collectives)
         self._status: str | None = None  # how the trainer call ended, when not "finished"
@@ -365,7 +357,7 @@ class OptPipeStrategy(ParallelStrategy):
         assert self.lightning_module is not None
         self.spec = self.precheck_model(self.lightning_module, trainer.state.fn == "fit")
         self._status = None
-        self._input_shape = None
+        self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
         requested = self.options.num_microbatches
         self.scheduler = Scheduler(
             self.options,
@@ -412,57 +404,20 @@ class OptPipeStrategy(ParallelStrategy):
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """One pipelined step: the module's ``training_step`` per microbatch on the last stage."""
-        module, sched, comm = self._parts()
-        batch, rest, kw = _step_args(args, kwargs)
-        first = sched.engine is None
-        try:
-            if first:
-                _check_same_batch(batch, comm)
-                m = sched.training_microbatches(leading_size(batch))
-            else:
-                assert sched.num_microbatches is not None
-                m = sched.num_microbatches
-            mbs = split_batch(batch, m)
-        except MicrobatchError as e:
-            raise OptPipeConfigError(str(e)) from None
-        step = ModuleStep(module, "training_step", rest, kw, train=True, guard=self._guard)
-        with self.precision_plugin.train_step_context():
-            arg_mbs = step.inputs(mbs)
-        if first:
-            sched.build(m, leading_size(mbs[0]), self.world_size)
-            self._input_shape = shape_key(arg_mbs[0])
-        elif shape_key(arg_mbs[0]) != self._input_shape:
-            raise OptPipeConfigError(
-                "the pipeline's input shape changed between training batches (torch's pipeline "
-                "stages keep the shapes of the first step): give every batch one shape "
-                "(drop_last=True, a fixed sequence length)"
-            )
-        engine = sched.engine
-        assert engine is not None
-        keep_local_optimizer_state(self.optimizers, engine.parameters)
-        accumulate = max(1, int(module.trainer.accumulate_grad_batches))
-
-        def run() -> tuple[Tensor, StepPayload]:
-            with self.precision_plugin.train_step_context():
-                sched.run_step(arg_mbs, list(enumerate(mbs)), 1.0 / accumulate, step.answer)
-            payload = step.share(comm, engine.last_rank)
-            loss = torch.tensor(payload.loss, dtype=torch.float32, device=self.root_device)
-            return average_over_replicas(engine.parameters, loss, comm), payload
-
-        # Lightning zeroes gradients *after* training_step and before backward: run the pipeline
-        # on fresh .grad, keep its gradients aside, and hand them over in ``backward``.
-        loss, payload = self._grads.run(engine.parameters, run)
-        step.replay(payload, self.root_device)
-        self._log_schedule(module, sched)
-        if isinstance(payload.output, dict) and payload.output:
-            return {"loss": loss, **payload.output}
-        return loss
+        module, sched, steps = self._parts()
+        out = steps.train(
+            module, sched, args, kwargs, self.precision_plugin.train_step_context, self.optimizers
+        )
+        for name, value in sched.metrics().items():  # the schedule that ran, for loggers
+            module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        return out
 
     def backward(
         self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
     ) -> Tensor:
         """The pipeline step already ran every backward: add its gradients to ``.grad`` now."""
-        self._grads.give()
+        if self._steps is not None:
+            self._steps.grads.give()
         return closure_loss
 
     def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
@@ -480,67 +435,39 @@ class OptPipeStrategy(ParallelStrategy):
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward_step(
-            "validation_step", self.precision_plugin.val_step_context(), args, kwargs
+            "validation_step", self.precision_plugin.val_step_context, args, kwargs
         )
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward_step(
-            "test_step", self.precision_plugin.test_step_context(), args, kwargs
+            "test_step", self.precision_plugin.test_step_context, args, kwargs
         )
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         """The module's ``predict_step`` on the pipeline's output; the whole batch's predictions
         on every rank of the pipeline (rank 0 returns them, as under DDP)."""
         return self._forward_step(
-            "predict_step", self.precision_plugin.predict_step_context(), args, kwargs
+            "predict_step", self.precision_plugin.predict_step_context, args, kwargs
         )
 
-    def _forward_step(
-        self, hook: str, context: AbstractContextManager[Any], args: Any, kwargs: Any
-    ) -> Any:
-        """A forward-only step: the module's hook per microbatch on the last stage's output."""
-        module, sched, comm = self._parts()
-        batch, rest, kw = _step_args(args, kwargs)
-        try:
-            m = sched.eval_microbatches(leading_size(batch))
-            mbs = split_batch(batch, m)
-        except MicrobatchError as e:
-            raise OptPipeConfigError(str(e)) from None
-        step = ModuleStep(module, hook, rest, kw, guard=self._guard)
-        with context:
-            arg_mbs = step.inputs(mbs)
-            key = shape_key(arg_mbs[0])
-            if not sched.has_forward_pipeline(m, key):
-                _check_same_batch(batch, comm)
-            pipe = sched.forward_pipeline(m, key)
-            pipe.run(arg_mbs, list(enumerate(mbs)), step.answer)
-        payload = step.share(comm, pipe.last_rank)
-        step.replay(payload, self.root_device)
-        return payload.output
+    def _forward_step(self, hook: str, context: Any, args: Any, kwargs: Any) -> Any:
+        module, sched, steps = self._parts()
+        return steps.forward(hook, module, sched, args, kwargs, context)
 
-    def _parts(self) -> tuple[pl.LightningModule, Scheduler, PipelineComm]:
+    def _parts(self) -> tuple[pl.LightningModule, Scheduler, PipelinedSteps]:
         assert self.lightning_module is not None
-        assert self.scheduler is not None and self.comm is not None
-        return self.lightning_module, self.scheduler, self.comm
+        assert self.scheduler is not None and self._steps is not None
+        return self.lightning_module, self.scheduler, self._steps
 
     def _guard(self, on: bool) -> None:
         self._in_step = on
 
-    def _log_schedule(self, module: pl.LightningModule, sched: Scheduler) -> None:
-        """The running schedule, its predicted step time and the switches so far, as metrics."""
-        kw: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}
-        module.log("optpipe/schedule_switches", float(len(sched.switches)), **kw)
-        if sched.predicted is not None:
-            module.log("optpipe/predicted_step_s", float(sched.predicted), **kw)
-        if sched.engine is not None:
-            module.log(f"optpipe/schedule/{sched.engine.schedule.generator}", 1.0, **kw)
-
     def on_train_end(self) -> None:
         """Every rank's module takes the whole trained model (each layer from its stage): the
         module left in the user's process after ``fit`` is the trained one, for every launcher."""
-        module, sched, comm = self._parts()
+        module, sched, _ = self._parts()
         if sched.engine is not None:
-            module.load_state_dict(full_state_dict(module, sched.engine, comm))
+            module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
 
     # ---- collectives -------------------------------------------------------------------------
 
@@ -611,29 +538,6 @@ class OptPipeStrategy(ParallelStrategy):
                 module.__dict__.pop(hook, None)
         self._installed = []
         super().teardown()
-
-
-def _step_args(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """(batch, the step's other positional arguments, its keyword arguments)."""
-    kw = dict(kwargs)
-    if args:
-        return args[0], args[1:], kw
-    return kw.pop("batch"), (), kw
-
-
-def _check_same_batch(batch: Any, comm: PipelineComm) -> None:
-    """Every stage of a pipeline runs the step on the same samples (one collective)."""
-    if not comm.distributed:
-        return
-    sigs = comm.gather(signature(batch))
-    if any(x != sigs[0] for x in sigs):
-        raise OptPipeConfigError(
-            "the ranks of one pipeline got different batches (stage 0's inputs would meet "
-            "other samples in the last stage's step); let Lightning add its distributed sampler "
-            "(use_distributed_sampler=True) or give every stage of a replica the same data"
-        )
 
 
 def _notify(text: str, detail: bool) -> None:
