@@ -17,9 +17,11 @@ GPUs (NCCL), same script::
     python examples/train_gpt.py --accelerator gpu --devices 8 --dim 1024 --layers 32 \\
         --seq 1024 --batch 64 --microbatches 16 --steps 1000
 
-The first ``--profile-steps`` steps measure F/B/W per stage and the activation bytes; the
-profile goes to the database (``--db``; default: optpipe's default location) and the next run
-of the same model on the same hardware starts from it.
+The module is written as for one device: its ``training_step`` and ``validation_step`` call
+``self(x)`` (the pipeline answers it on the last stage) and log the loss, perplexity and
+accuracy, shown in the progress bar. The first ``--profile-steps`` steps measure F/B/W per stage
+and the activation bytes; the profile goes to the database (``--db``; default: optpipe's default
+location) and the next run of the same model on the same hardware starts from it.
 """
 
 from __future__ import annotations
@@ -101,10 +103,6 @@ class Head(nn.Module):
         return self.out(self.ln(x))
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
 class TinyGPT(pl.LightningModule):
     def __init__(
         self,
@@ -123,21 +121,35 @@ class TinyGPT(pl.LightningModule):
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.head = Head(dim, vocab)
 
-    # the one hook optpipe needs: the layers in the order they run, and the loss
+    # the one hook optpipe needs: the layers in the order they run
     def configure_pipeline(self) -> PipelineSpec:
         blocks = list(self.blocks)
         # relative costs for the partition: a block ~ 12 d^2, embedding ~ 0, head ~ d * V
         d, v = self.hparams["dim"], self.hparams["vocab"]
         costs = [0.1 * d * d, *([12.0 * d * d] * len(blocks)), 2.0 * d * v]
-        return PipelineSpec(
-            layers=[self.embed, *blocks, self.head], loss_fn=lm_loss, layer_costs=costs
-        )
+        return PipelineSpec(layers=[self.embed, *blocks, self.head], layer_costs=costs)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # single-device use
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # pipelined: the pipeline answers it
         x = self.embed(idx)
         for blk in self.blocks:
             x = blk(x)
         return self.head(x)
+
+    def _metrics(self, batch: Any, prefix: str) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        acc = (logits.argmax(-1) == y).float().mean()
+        self.log(f"{prefix}_loss", loss, prog_bar=True)
+        self.log(f"{prefix}_ppl", torch.exp(loss.detach()), prog_bar=True)
+        self.log(f"{prefix}_acc", acc, prog_bar=True)
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._metrics(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._metrics(batch, "val")
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=0.01)
@@ -149,9 +161,15 @@ class TinyGPT(pl.LightningModule):
         ds = AffineSequences(h["samples"], h["seq"], h["vocab"])
         return DataLoader(ds, batch_size=h["batch"], shuffle=True, drop_last=True)
 
+    def val_dataloader(self) -> DataLoader[Any]:
+        h = self.hparams
+        ds = AffineSequences(4 * h["batch"], h["seq"], h["vocab"], seed=1)
+        return DataLoader(ds, batch_size=h["batch"], drop_last=True)
+
 
 class Progress(pl.Callback):
-    """Loss and step time every few steps, on global rank 0."""
+    """Loss, perplexity, accuracy and step time every ``every`` steps (0: only at the end),
+    and the schedule switches, on global rank 0."""
 
     def __init__(self, every: int) -> None:
         self.every = every
@@ -159,12 +177,13 @@ class Progress(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
-        if trainer.is_global_zero and step % self.every == 0:
+        if self.every and trainer.is_global_zero and step % self.every == 0:
             now = time.perf_counter()
-            loss = float(trainer.callback_metrics.get("train_loss", float("nan")))
+            m = trainer.callback_metrics
             print(
-                f"step {step:5d}  loss {loss:.4f}  {1000 * (now - self.t) / self.every:.1f} "
-                "ms/step",
+                f"step {step:5d}  loss {float(m['train_loss']):.4f}  ppl "
+                f"{float(m['train_ppl']):.3f}  acc {float(m['train_acc']):.3f}  "
+                f"{1000 * (now - self.t) / self.every:.1f} ms/step",
                 flush=True,
             )
             self.t = now
@@ -178,8 +197,13 @@ class Progress(pl.Callback):
                     f"switch at step {s['step']}: {s['from']} -> {s['to']} ({s['reason']}), "
                     f"predicted {pred if pred is None else f'{1000 * pred:.1f} ms'}"
                 )
-            loss = float(trainer.callback_metrics.get("train_loss", float("nan")))
-            print(f"final loss {loss:.4f} (ln V = {math.log(pl_module.hparams['vocab']):.4f})")
+            m = trainer.callback_metrics
+            print(
+                f"final loss {float(m.get('train_loss', float('nan'))):.4f} "
+                f"(ln V = {math.log(pl_module.hparams['vocab']):.4f}), val ppl "
+                f"{float(m.get('val_ppl', float('nan'))):.3f}, val acc "
+                f"{float(m.get('val_acc', float('nan'))):.3f}"
+            )
 
 
 def main() -> None:
@@ -188,7 +212,12 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--stages", type=int, default=None, help="default: devices / data-parallel")
     ap.add_argument("--data-parallel", type=int, default=1)
-    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument(
+        "--microbatches",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="microbatches per batch (auto: divides the batch, >= 2 per stage if it can)",
+    )
     ap.add_argument("--schedule", default="optimal")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dim", type=int, default=128)
@@ -205,7 +234,9 @@ def main() -> None:
     ap.add_argument("--db", default=None, help="database URL (default: optpipe's default)")
     ap.add_argument("--no-db", action="store_true")
     ap.add_argument("--precision", default="32-true")
-    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--every", type=int, default=0, help="print a line every N steps (0: no)")
+    ap.add_argument("--val-every", type=int, default=20, help="validate every N steps")
+    ap.add_argument("--no-progress-bar", action="store_true")
     args = ap.parse_args()
 
     pl.seed_everything(0, workers=True)
@@ -237,9 +268,10 @@ def main() -> None:
         max_steps=args.steps,
         precision=args.precision,
         gradient_clip_val=1.0,
+        val_check_interval=min(args.val_every, args.steps),
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
+        enable_progress_bar=not args.no_progress_bar,
         enable_model_summary=False,
         callbacks=[Progress(args.every)],
     )

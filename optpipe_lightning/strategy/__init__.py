@@ -19,6 +19,7 @@ __all__ = [
     "PartitionError",
     "PipelineEngine",
     "PipelineSpec",
+    "PipelineStepError",
     "ScheduleRejectedError",
     "balanced_partition",
     "get_spec",
@@ -27,7 +28,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # the Lightning strategy is imported on first use (Lightning is an optional dependency)
-    if name in ("OptPipeStrategy", "OptPipeConfigError"):
+    if name in ("OptPipeStrategy", "OptPipeConfigError", "PipelineStepError"):
         from . import strategy
 
         return getattr(strategy, name)

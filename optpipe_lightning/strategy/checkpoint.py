@@ -6,7 +6,9 @@ that trains it (an all-gather over the pipeline), so a checkpoint, a re-partitio
 left after ``fit`` hold the trained model. The optimizer is built on every rank over all the
 module's parameters, so its parameter indices agree everywhere: ``merged_optimizer_state`` takes
 each parameter's state from the rank that trains it. Loading puts the whole state on every rank,
-which is what lets a run resume on another schedule, partition or stage count.
+which is what lets a run resume on another schedule, partition or stage count;
+``keep_local_optimizer_state`` then drops, on each rank, the state of the parameters it does not
+train (device memory, and no stale copy can ever win a merge).
 """
 
 from __future__ import annotations
@@ -54,11 +56,30 @@ def merged_optimizer_state(
     sd = opt.state_dict()
     if engine is None or comm is None or not comm.distributed:
         return sd
-    local = {k: to_cpu(v) for k, v in sd["state"].items()}
+    mine = _local_indices(opt, engine.parameters)
+    local = {k: to_cpu(v) for k, v in sd["state"].items() if k in mine}
     merged: dict[Any, Any] = {}
     for part in comm.gather(local):
         merged.update(part)
     return {"state": merged, "param_groups": sd["param_groups"]}
+
+
+def keep_local_optimizer_state(
+    optimizers: Sequence[Optimizer], params: Sequence[nn.Parameter]
+) -> None:
+    """Drop the optimizer state of parameters this rank does not train."""
+    mine = {id(p) for p in params}
+    for optimizer in optimizers:
+        opt = getattr(optimizer, "_optimizer", optimizer)
+        for p in [p for p in opt.state if id(p) not in mine]:
+            del opt.state[p]
+
+
+def _local_indices(opt: Optimizer, params: Sequence[nn.Parameter]) -> set[int]:
+    """The state-dict indices (enumeration over the param groups) of ``params``."""
+    mine = {id(p) for p in params}
+    flat = [p for group in opt.param_groups for p in group["params"]]
+    return {i for i, p in enumerate(flat) if id(p) in mine}
 
 
 def load_optimizer_states(

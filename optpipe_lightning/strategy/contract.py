@@ -3,16 +3,21 @@
 ```python
 class GPT(L.LightningModule):
     def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(
-            layers=[self.embed, *self.blocks, self.head],   # run one after another
-            loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
-            split_batch=lambda batch: (batch[0], batch[1]),  # optional: (inputs, targets)
-        )
+        return PipelineSpec(layers=[self.embed, *self.blocks, self.head])  # run one after another
+
+    def training_step(self, batch, batch_idx):  # as on one device: the pipeline answers self(x)
+        x, y = batch
+        loss = F.cross_entropy(self(x).flatten(0, 1), y.flatten())
+        self.log("train_loss", loss)
+        return loss
 ```
 
 Layer ``i + 1`` takes what layer ``i`` returns (a tuple is spread as positional arguments); the
-first layer takes the inputs, ``loss_fn(last_output, targets)`` gives the (mean-reduced) loss of one
-microbatch. Every trainable parameter of the module must belong to one of the layers.
+first layer takes the inputs the step passes to ``self(...)``. Every trainable parameter of the
+module must belong to one of the layers. A module without its own ``training_step`` (or
+``validation_step``, ``test_step``) gives ``loss_fn(last_output, targets)``, the (mean-reduced)
+loss of one microbatch, and optionally ``split_batch`` (batch -> (inputs, targets)); the strategy
+then runs that loss as the step and logs ``train_loss`` / ``val_loss`` / ``test_loss``.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class PipelineSpec:
     """What ``configure_pipeline`` returns."""
 
     layers: Sequence[nn.Module]
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None  # for modules without own steps
     split_batch: Callable[[Any], tuple[Any, Any]] | None = None
     layer_costs: Sequence[float] | None = None  # optional relative cost per layer (partitioning)
 
@@ -73,7 +78,7 @@ def get_spec(module: nn.Module) -> PipelineSpec:
     if hook is None or not callable(hook):
         raise ContractError(
             f"{type(module).__name__} has no {HOOK_NAME}() hook; define "
-            f"`def {HOOK_NAME}(self) -> PipelineSpec` returning its layers in order and a loss_fn "
+            f"`def {HOOK_NAME}(self) -> PipelineSpec` returning its layers in order "
             "(see docs/strategy.md)"
         )
     spec = hook()

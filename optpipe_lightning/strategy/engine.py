@@ -20,12 +20,14 @@ from ..schedule import Problem, Schedule, simulate
 from .contract import LayerChain
 from .offload import OffloadManager, settle_points
 from .partition import group_bounds
+from .planner import forward_order, profiling_schedule
 from .stage import OptPipeStage, RankCursor
 from .torch_adapter import (
     check_lowering,
     load_order,
+    make_forward_runtime,
     make_runtime,
-    run_eval,
+    run_forward,
     run_step,
     torch_order,
 )
@@ -68,13 +70,78 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tu
     return settle_points(res.timeline)
 
 
-class PipelineEngine:
-    """Runs pipelined steps of one pipeline replica on this rank."""
+class _LossHook:
+    """The loss function torch calls on the last layer group, per microbatch.
+
+    torch calls it with a microbatch's output right after that forward, and once more on the
+    first step with a stand-in output (its shape inference). The stage remembers the output it
+    produced and for which microbatch, so the hook knows which call is which: the stand-in gets
+    a zero loss, a real output the caller's ``loss_fn(output, targets[mb])``. A ``loss_fn``
+    that raises does not stop the pipeline (the other ranks are inside it too): the failure is
+    kept and the rest of the step runs on zero losses; the caller reports it on every rank.
+    """
+
+    stages: list[OptPipeStage]
+    loss_scale = 1.0
+
+    def _begin(self, targets: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None) -> None:
+        self._targets = targets
+        self._loss_fn = loss_fn
+        self.losses: dict[int, torch.Tensor] = {}
+        self.failure: BaseException | None = None
+
+    def _loss(self, output: Any, _target: Any) -> torch.Tensor:
+        stage = next((st for st in self.stages if st.is_last), None)
+        fn = getattr(self, "_loss_fn", None)
+        if stage is None or fn is None or output is not stage.last_output or self.failure:
+            return _zero_loss(output)
+        try:
+            loss = fn(output, self._targets[stage.last_output_mb])
+        except Exception as e:
+            self.failure = e
+            return _zero_loss(output)
+        if loss is None:
+            return _zero_loss(output)
+        self.losses[stage.last_output_mb] = loss.detach()
+        return loss * self.loss_scale
+
+
+def _local_chains(
+    layers: Sequence[nn.Module],
+    partition: Sequence[int],
+    problem: Problem,
+    pp_rank: int,
+    device: torch.device,
+) -> tuple[list[int], list[LayerChain]]:
+    """This rank's layer groups (one per chunk) and their layers, moved to ``device``."""
+    bounds = group_bounds(partition)
+    groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
+    chains = [LayerChain(list(layers[bounds[g][0] : bounds[g][1]])).to(device) for g in groups]
+    return groups, chains
+
+
+def _stages(
+    groups: Sequence[int],
+    chains: Sequence[LayerChain],
+    problem: Problem,
+    device: torch.device,
+    pp_group: Any,
+    cursor: RankCursor,
+) -> list[OptPipeStage]:
+    n = problem.num_virtual_stages
+    return [
+        OptPipeStage(m, g, n, device, pp_group, chunk=c, cursor=cursor)
+        for c, (g, m) in enumerate(zip(groups, chains, strict=True))
+    ]
+
+
+class PipelineEngine(_LossHook):
+    """Runs pipelined training steps of one pipeline replica on this rank."""
 
     def __init__(
         self,
         layers: Sequence[nn.Module],
-        loss_fn: Callable[[Any, Any], torch.Tensor],
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None,
         problem: Problem,
         schedule: Schedule,
         partition: Sequence[int],
@@ -91,17 +158,12 @@ class PipelineEngine:
         self.pp_group = pp_group
         self.device = device
         self.user_loss = loss_fn
-        self.loss_scale = 1.0 / problem.num_microbatches
-        bounds = group_bounds(partition)
-        self.bounds = bounds
+        self.bounds = group_bounds(partition)
         self._layer_hooks: list[Any] = []
         self.layers = list(layers)
-        self.local_groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
-        self.local_modules: list[LayerChain] = []
-        for g in self.local_groups:
-            a, b = bounds[g]
-            chain = LayerChain(self.layers[a:b]).to(device)
-            self.local_modules.append(chain)
+        self.local_groups, self.local_modules = _local_chains(
+            self.layers, partition, problem, pp_rank, device
+        )
         params = [p for m in self.local_modules for p in m.parameters()]
         # one copy stream per direction unless the problem's channel is half duplex
         duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
@@ -109,23 +171,18 @@ class PipelineEngine:
         self.cursor = RankCursor(
             schedule.actions[pp_rank], self.offload, device, measure=measure, waits=waits[pp_rank]
         )
-        num_groups = problem.num_virtual_stages
-        self.stages = [
-            OptPipeStage(m, g, num_groups, device, pp_group, chunk=c, cursor=self.cursor)
-            for c, (g, m) in enumerate(zip(self.local_groups, self.local_modules, strict=True))
-        ]
-        self.last_rank = problem.group_table[num_groups - 1][0]
+        self.stages = _stages(
+            self.local_groups, self.local_modules, problem, device, pp_group, self.cursor
+        )
+        self.first_rank = problem.group_table[0][0]
+        self.last_rank = problem.group_table[problem.num_virtual_stages - 1][0]
+        self._begin((), loss_fn)
         self.runtime = make_runtime(
             self.stages,
             problem.num_microbatches,
             self._loss,
             torch_order(problem, schedule.actions),
         )
-
-    # -- loss ----------------------------------------------------------------------------------
-
-    def _loss(self, output: Any, target: Any) -> torch.Tensor:
-        return self.user_loss(output, target) * self.loss_scale
 
     # -- per-layer profiling ----------------------------------------------------------------------
 
@@ -189,53 +246,64 @@ class PipelineEngine:
 
     # -- stepping ------------------------------------------------------------------------------
 
-    def step(self, inputs: Any, targets: Any, grad_scale: float = 1.0) -> torch.Tensor:
+    def run(
+        self,
+        arg_mbs: Sequence[tuple[Any, ...]] | None,
+        targets: Sequence[Any],
+        grad_scale: float = 1.0,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
+    ) -> dict[int, torch.Tensor]:
         """Forward and backward of one batch; gradients accumulate into ``.grad``.
 
-        The loss of each microbatch is multiplied by ``grad_scale / M`` before its backward (so
-        ``grad_scale = 1/accumulate_grad_batches`` reproduces Lightning's accumulation); the return
-        value is the batch's mean loss (unscaled), identical on every rank of the pipeline.
+        ``arg_mbs``: each microbatch's inputs (used on the rank of the first layer group);
+        ``targets[mb]`` goes to ``loss_fn(output, targets[mb])`` (default: the engine's) on the
+        last group's rank, whose loss is multiplied by ``grad_scale / M`` before its backward
+        (``grad_scale = 1/accumulate_grad_batches`` reproduces Lightning's accumulation). Returns
+        the microbatch losses (unscaled, detached) on the last group's rank, else nothing;
+        ``self.failure`` holds what a ``loss_fn`` raised.
         """
         m = self.problem.num_microbatches
         self.loss_scale = grad_scale / m
+        self._begin(targets, loss_fn or self.user_loss)
         self.cursor.reset()
-        losses: list[torch.Tensor] = []
-        inputs = _to_device(inputs, self.device)
-        targets = _to_device(targets, self.device)
-        run_step(self.runtime, inputs, targets, losses)
+        args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
+        run_step(self.runtime, args, m)
         if not self.cursor.finished():
             raise RuntimeError(
                 f"rank {self.pp_rank} ran only {self.cursor.pos} of "
                 f"{len(self.cursor.actions)} actions of the schedule"
             )
-        loss = self._broadcast_loss(losses)
         leaked = [k for k, st in self.offload.stores.items() if st.saved]
         if leaked:
             raise RuntimeError(f"activation stores {leaked} were not released by their W/BW")
-        return loss
+        return self.losses
 
-    @torch.no_grad()
-    def evaluate(self, inputs: Any, targets: Any) -> torch.Tensor:
-        """Forward only (torch's ``eval``): the batch's mean loss on every rank, no gradients."""
+    def step(self, inputs: Any, targets: Any, grad_scale: float = 1.0) -> torch.Tensor:
+        """``run`` on a whole batch: inputs (a tensor or a tuple of tensors) and targets cut
+        into M microbatches along dimension 0; the batch's mean loss on every rank."""
         m = self.problem.num_microbatches
-        self.loss_scale = 1.0 / m
-        self.cursor.reset()
-        losses: list[torch.Tensor] = []
-        run_eval(
-            self.runtime, _to_device(inputs, self.device), _to_device(targets, self.device), losses
-        )
+        args = inputs if isinstance(inputs, tuple | list) else (inputs,)
+        arg_mbs = [tuple(a.tensor_split(m)[i] for a in args) for i in range(m)]
+        target_mbs = [_to_device(t, self.device) for t in targets.tensor_split(m)]
+        losses = self.run(arg_mbs, target_mbs, grad_scale)
         return self._broadcast_loss(losses)
 
-    def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+    def _broadcast_loss(self, losses: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The batch's mean loss from the last group's rank, or its loss function's failure."""
         m = self.problem.num_microbatches
+        box = torch.zeros(2, device=self.device)
         if self.pp_rank == self.last_rank:
-            total = torch.stack([x.detach().float() for x in losses]).sum() / self.loss_scale / m
-            loss = total.reshape(1).to(self.device)
-        else:
-            loss = torch.zeros(1, device=self.device)
+            if self.failure is not None:
+                box[1] = 1.0
+            else:
+                box[0] = torch.stack([losses[i].float() for i in range(m)]).mean()
         if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
-            dist.broadcast(loss, group=self.pp_group, group_src=self.last_rank)
-        return loss[0]
+            dist.broadcast(box, group=self.pp_group, group_src=self.last_rank)
+        if box[1] > 0:
+            raise RuntimeError(
+                f"the loss function failed on the last pipeline stage: {self.failure!r}"
+            ) from self.failure
+        return box[0]
 
     def switch(self, schedule: Schedule, problem: Problem | None = None) -> None:
         """Run ``schedule`` from the next step on (call on every rank at the same step boundary).
@@ -257,6 +325,81 @@ class PipelineEngine:
         self.cursor.set_actions(schedule.actions[self.pp_rank], waits[self.pp_rank])
         self.schedule = schedule
         self.problem = target
+
+
+class ForwardPipeline(_LossHook):
+    """Forward-only passes (validation, test, predict) over this rank's layer groups.
+
+    Its own torch stages and runtime (separate from training's, so neither re-infers shapes
+    when the other runs), fixed to one microbatch count and input shape. Each microbatch's
+    output goes to ``loss_fn(output, targets[mb])`` on the last group's rank.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        problem: Problem,
+        partition: Sequence[int],
+        pp_rank: int,
+        pp_group: Any,
+        device: torch.device,
+    ) -> None:
+        self.problem = problem
+        self.pp_rank = pp_rank
+        self.device = device
+        order = forward_order(problem)
+        self.cursor = RankCursor(order[pp_rank], None, device)
+        self.local_groups, self.local_modules = _local_chains(
+            layers, partition, problem, pp_rank, device
+        )
+        self.stages = _stages(
+            self.local_groups, self.local_modules, problem, device, pp_group, self.cursor
+        )
+        self.first_rank = problem.group_table[0][0]
+        self.last_rank = problem.group_table[problem.num_virtual_stages - 1][0]
+        self._begin((), None)
+        training_order = profiling_schedule(problem).actions
+        self.runtime = make_forward_runtime(
+            self.stages,
+            problem.num_microbatches,
+            self._loss,
+            torch_order(problem, training_order),
+            torch_order(problem, order),
+        )
+
+    def run(
+        self,
+        arg_mbs: Sequence[tuple[Any, ...]] | None,
+        targets: Sequence[Any],
+        loss_fn: Callable[[Any, Any], Any],
+    ) -> None:
+        """One forward-only pass; ``self.failure`` holds what ``loss_fn`` raised."""
+        self._begin(targets, loss_fn)
+        self.cursor.reset()
+        args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
+        run_forward(self.runtime, args, self.problem.num_microbatches)
+        if not self.cursor.finished():
+            raise RuntimeError(
+                f"rank {self.pp_rank} ran only {self.cursor.pos} of "
+                f"{len(self.cursor.actions)} forwards"
+            )
+
+
+def _joined(arg_mbs: Sequence[tuple[Any, ...]] | None, device: torch.device) -> tuple[Any, ...]:
+    """The microbatches' inputs as whole-batch tensors (torch cuts them again, equally)."""
+    if not arg_mbs:
+        raise ValueError("the first layer group's rank needs the microbatches' inputs")
+    return tuple(torch.cat([mb[i] for mb in arg_mbs]).to(device) for i in range(len(arg_mbs[0])))
+
+
+def _zero_loss(output: Any) -> torch.Tensor:
+    """A zero that depends on the output where it can (so a backward from it runs)."""
+    parts = [
+        t.float().sum() * 0.0
+        for t in (output if isinstance(output, tuple | list) else (output,))
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    return torch.stack(parts).sum() if parts else torch.zeros(())
 
 
 def _to_device(x: Any, device: torch.device) -> Any:

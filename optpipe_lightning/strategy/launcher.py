@@ -51,7 +51,7 @@ class CheckingLauncher(_Launcher):
         self.strategy.check_sizes(self.strategy.total_devices)
         model = args[0] if args else None
         if isinstance(model, pl.LightningModule):
-            self.strategy.precheck_model(model)
+            self.strategy.precheck_model(model, fitting=getattr(trainer, "training", False))
         return self.inner.launch(function, *args, trainer=trainer, **kwargs)
 
     def kill(self, signum: Any) -> None:  # pragma: no cover - signal path

@@ -14,7 +14,14 @@ from typing import Literal
 
 from ..schedule import Problem, Schedule
 from .partition import PartitionError, validate_partition
-from .planner import SCHEDULE_CHOICES, NoScheduleError, choose_schedule, chunks_for, initial_problem
+from .planner import (
+    SCHEDULE_CHOICES,
+    NoScheduleError,
+    Placement,
+    choose_schedule,
+    chunks_for,
+    initial_problem,
+)
 
 MemoryLimit = Literal["auto"] | float | int | None
 
@@ -31,6 +38,7 @@ class PipelineOptions:
     num_microbatches: int | Literal["auto"] = "auto"
     schedule: str = "optimal"
     num_chunks: int | None = None
+    placement: Placement | None = None
     memory_limit: MemoryLimit = "auto"
     offload: bool = True
     solver_backend: str = "auto"
@@ -67,6 +75,10 @@ class PipelineOptions:
             )
         if isinstance(p, int) and isinstance(m, int):
             check_microbatches(m, p)
+        try:
+            chunks_for(self.schedule, self.num_chunks, self.placement)
+        except NoScheduleError as e:
+            raise OptPipeConfigError(str(e)) from None
         if self.data_parallel < 1:
             raise OptPipeConfigError(f"data_parallel must be >= 1, got {self.data_parallel}")
         lim = self.memory_limit
@@ -85,9 +97,9 @@ class PipelineOptions:
             )
 
     @property
-    def chunks(self) -> tuple[int, Literal["interleaved", "vshape"]]:
+    def chunks(self) -> tuple[int, Placement]:
         """(chunks per device, placement) the schedule runs with."""
-        return chunks_for(self.schedule, self.num_chunks)
+        return chunks_for(self.schedule, self.num_chunks, self.placement)
 
 
 def check_microbatches(m: int, p: int) -> None:
@@ -99,14 +111,17 @@ def check_microbatches(m: int, p: int) -> None:
         )
 
 
-def check_sizes(options: PipelineOptions, world_size: int, num_stages: int, m: int) -> None:
-    """World size vs stages x replicas, microbatches vs stages, the named schedule's shape."""
-    p, d = num_stages, options.data_parallel
+def check_sizes(options: PipelineOptions, world_size: int, num_stages: int) -> None:
+    """World size vs stages x replicas, microbatches vs stages, the named schedule's shape
+    (with ``num_microbatches="auto"`` the count is chosen, and checked, on the first batch)."""
+    p, d, m = num_stages, options.data_parallel, options.num_microbatches
     if world_size % p != 0 or world_size // p != d:
         raise OptPipeConfigError(
             f"world size {world_size} does not equal num_stages={p} x data_parallel={d}; use "
             f"{p * d} devices or change num_stages/data_parallel"
         )
+    if not isinstance(m, int):
+        return
     check_microbatches(m, p)
     if options.schedule != "optimal":
         # the shape rules of the named schedule (chunks, placement, microbatch count)
@@ -127,7 +142,10 @@ def check_layers(options: PipelineOptions, num_layers: int, num_stages: int) -> 
     if options.partition is not None:
         validate_partition(options.partition, num_layers, groups)
     elif groups > num_layers:
+        most = num_layers // num_stages
         raise PartitionError(
             f"{num_stages} stages x {v} chunks = {groups} layer groups but the model gives only "
-            f"{num_layers} layers; use fewer stages or split the model into more layers"
+            f"{num_layers} layers; "
+            + (f"use num_chunks <= {most}, " if v > 1 and most >= 1 else "")
+            + "fewer stages, or split the model into more layers"
         )

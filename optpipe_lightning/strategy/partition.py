@@ -4,11 +4,20 @@
 order) into ``num_groups`` contiguous groups minimising the largest group cost (exact dynamic
 programme, O(groups * layers^2)); with per-layer memory and a limit, groups over the limit are not
 allowed. ``validate_partition`` checks a user-given partition (number of layers per group).
+
+``chunked_partition`` is the partition a chunk count implies: every device keeps its layers,
+split into ``v`` chunks of equal layer counts, placed by the problem's placement (what a problem
+re-chunked from ``layers_per_stage`` describes: per chunk, a v-th of the stage's costs);
+``chunk_counts`` lists the counts a stage partition allows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Literal
+
+from ..schedule import Problem
 
 
 class PartitionError(ValueError):
@@ -93,3 +102,38 @@ def group_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
         out.append((start, start + s))
         start += s
     return out
+
+
+def stage_layers(partition: Sequence[int], problem: Problem) -> list[int]:
+    """Layers per device of a partition laid out as ``problem`` places its layer groups."""
+    out = [0] * problem.num_stages
+    for g, (s, _) in enumerate(problem.group_table):
+        out[s] += partition[g]
+    return out
+
+
+def chunk_counts(layers_per_stage: Sequence[int]) -> list[int]:
+    """The chunk counts every stage's layers divide into."""
+    g = math.gcd(*layers_per_stage)
+    return [v for v in range(1, g + 1) if g % v == 0]
+
+
+def chunked_partition(
+    layers_per_stage: Sequence[int],
+    num_chunks: int,
+    placement: Literal["interleaved", "vshape"] = "interleaved",
+) -> list[int]:
+    """Layers per layer group (model order) when each stage's layers split into ``v`` chunks."""
+    p, v = len(layers_per_stage), num_chunks
+    if v < 1 or any(n % v for n in layers_per_stage):
+        raise PartitionError(
+            f"{v} chunks per device need every stage's layer count {list(layers_per_stage)} to "
+            f"divide by {v}; these layers allow {chunk_counts(layers_per_stage)} chunks"
+        )
+    shape = Problem(
+        num_stages=p, num_microbatches=p, num_chunks=v, placement=placement, t_f=1, t_b=1, t_w=1
+    )
+    sizes = [0] * (p * v)
+    for g, (s, _) in enumerate(shape.group_table):
+        sizes[g] = layers_per_stage[s] // v
+    return sizes

@@ -11,6 +11,7 @@
 - ``profiling_schedule``: what the profiling steps run: all forwards, then for each microbatch in
   reverse order B then W on every stage (split backward, one op at a time per stage), so every op
   kind is timed on its own.
+- ``forward_order``: the forwards of validation, test and predict.
 """
 
 from __future__ import annotations
@@ -33,17 +34,38 @@ class NoScheduleError(ValueError):
     """No schedule fits this pipeline (memory limit, microbatch count); the message says why."""
 
 
+Placement = Literal["interleaved", "vshape"]
+
+
 def chunks_for(
-    name: str, num_chunks: int | None = None
-) -> tuple[int, Literal["interleaved", "vshape"]]:
-    """(chunks per device, placement) a schedule name runs with."""
+    name: str, num_chunks: int | None = None, placement: Placement | None = None
+) -> tuple[int, Placement]:
+    """(chunks per device, placement) a schedule name runs with.
+
+    V schedules run 2 chunks in V placement; interleaved 1F1B any ``v >= 2`` (default 2),
+    interleaved; ``"optimal"`` and the other baselines any ``v`` in either placement (default
+    one chunk; whether a named baseline applies to that shape is checked with the sizes).
+    ``NoScheduleError`` when the schedule cannot run as asked.
+    """
+    if num_chunks is not None and (not isinstance(num_chunks, int) or num_chunks < 1):
+        raise NoScheduleError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+    if placement not in (None, "interleaved", "vshape"):
+        raise NoScheduleError(f"placement must be 'interleaved' or 'vshape', got {placement!r}")
     if name in V_SCHEDULES:
+        if num_chunks not in (None, 2) or placement not in (None, "vshape"):
+            raise NoScheduleError(
+                f"{name} runs 2 chunks per device in V placement; leave num_chunks and "
+                "placement out (or use schedule='optimal' for other chunkings)"
+            )
         return 2, "vshape"
     if name in INTERLEAVED_SCHEDULES:
-        return max(num_chunks or 2, 2), "interleaved"
-    if num_chunks and num_chunks > 1:
-        return num_chunks, "interleaved"
-    return 1, "interleaved"
+        if placement == "vshape" or num_chunks == 1:
+            raise NoScheduleError(
+                f"{name} runs 2 or more chunks per device in interleaved placement; use zbv, "
+                "v-half or v-min for the V placement and 1f1b for one chunk"
+            )
+        return num_chunks or 2, "interleaved"
+    return num_chunks or 1, placement or "interleaved"
 
 
 def initial_problem(
@@ -110,6 +132,24 @@ def profiling_schedule(problem: Problem) -> Schedule:
     return make_schedule(
         problem.with_changes(memory_limit=None, offload=None), "optpipe-profiling", rows
     )
+
+
+def forward_order(problem: Problem) -> list[list[Action]]:
+    """Forwards only (validation, test, predict), per device.
+
+    In rounds of ``p`` microbatches, each chunk in model order: sorted by (round, chunk,
+    microbatch, layer group), every forward comes after the one that feeds it, so no rank waits
+    on a rank that waits on it, and a round keeps every device busy.
+    """
+    p = problem.num_stages
+    keyed = []
+    for g, (s, c) in enumerate(problem.group_table):
+        for mb in range(problem.num_microbatches):
+            keyed.append(((mb // p, c, mb, g), s, Action("F", mb, c)))
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    for _, s, action in sorted(keyed, key=lambda k: k[0]):
+        rows[s].append(action)
+    return rows
 
 
 def _feasible(problem: Problem, schedule: Schedule) -> bool:

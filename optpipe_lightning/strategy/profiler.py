@@ -13,7 +13,6 @@ move it.
 
 from __future__ import annotations
 
-import logging
 import socket
 import statistics
 import time
@@ -38,8 +37,6 @@ from .stage import RankCursor
 
 if TYPE_CHECKING:
     from .engine import PipelineEngine
-
-log = logging.getLogger(__name__)
 
 _MIN_SECONDS = 1e-7
 
@@ -297,6 +294,5 @@ def profile_pipeline(
         # predicts wall time, not compute time; the warm-up step is left out
         overhead = runtime_overhead(profile, engine.schedule.actions, step_seconds[1:])
         profile = with_overhead(profile, overhead)
-        log.info("optpipe: runtime overhead %.3g ms per action", 1e3 * overhead)
     profile = Profile.model_validate_json(comm.broadcast(profile.model_dump_json()))
     return profile, overhead

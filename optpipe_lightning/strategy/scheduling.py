@@ -9,14 +9,19 @@ on the new partition), and the schedule is chosen on the profiled problem. Globa
 every rank switches at the same optimizer-step boundary. After that, each boundary records the
 step (``run_log.py``), calibrates the costs from the running schedule when due
 (``calibration.Calibrator``) and switches to a better solver incumbent when one arrives
-(``resolve.OnlineResolve``).
+(``resolve.OnlineResolve``). Validation, test and predict run on ``ForwardPipeline``s of their
+own, one per microbatch count and input shape.
+
+Messages (switches, the chosen schedule and its predicted step time, calibrations, profiling)
+go to ``notify`` (the strategy passes Lightning's rank-zero messages).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,10 +32,13 @@ from ..schedule import Problem, Schedule, simulate
 from ..schedule.profile import Profile
 from .calibration import Calibrator
 from .contract import PipelineSpec
-from .engine import PipelineEngine, ScheduleRejectedError
+from .engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
+from .microbatch import choose_microbatches, eval_microbatches
 from .options import OptPipeConfigError, PipelineOptions
+from .partition import PartitionError, chunked_partition, stage_layers
 from .planner import (
     NoScheduleError,
+    Placement,
     best_baseline,
     choose_schedule,
     initial_problem,
@@ -48,6 +56,19 @@ from .run_log import RunLog
 
 log = logging.getLogger(__name__)
 
+MAX_FORWARD_PIPELINES = 4  # forward-only pipelines kept (one per microbatch count and shape)
+
+Notify = Callable[[str, bool], None]  # (message, detail): detail messages are debug-level
+
+
+def _log_notify(text: str, detail: bool = False) -> None:
+    log.log(logging.DEBUG if detail else logging.INFO, "%s", text)
+
+
+def _chunking(problem: Problem) -> tuple[int, Placement]:
+    """(chunks per device, placement); one chunk has no placement to speak of."""
+    return problem.num_chunks, problem.placement if problem.num_chunks > 1 else "interleaved"
+
 
 class Scheduler:
     """The engine and the schedule it runs; every method is called on every rank together."""
@@ -59,21 +80,27 @@ class Scheduler:
         comm: PipelineComm,
         device: torch.device,
         partition: Sequence[int],
-        num_microbatches: int,
+        num_microbatches: int | None = None,
         model_name: str = "model",
         backend: str = "gloo",
+        notify: Notify = _log_notify,
+        module: nn.Module | None = None,
+        optimizers: Callable[[], Sequence[Optimizer]] = tuple,
     ) -> None:
         self.options = options
+        self.module = module  # whose state moves when layers change ranks (re-chunking)
+        self.optimizers = optimizers
         self.spec = spec
         self.comm = comm
         self.device = device
         self.partition = list(partition)
-        self.num_microbatches = num_microbatches
+        self.num_microbatches = num_microbatches  # training's; None: chosen on the first batch
         self.model_name = model_name
         self.backend = backend
+        self.notify = notify
         self.num_chunks, self.placement = options.chunks
         self.engine: PipelineEngine | None = None
-        self.eval_engine: PipelineEngine | None = None
+        self.forward_pipelines: OrderedDict[Any, ForwardPipeline] = OrderedDict()
         self.phase = "new"  # new -> profiling -> run
         self.optimizer_steps = 0
         self.predicted: float | None = None  # the running schedule's makespan (seconds)
@@ -87,6 +114,7 @@ class Scheduler:
             options.solver_time_limit,
             options.resolve_min_gain,
             options.resolve_start_method,
+            on_message=lambda text: notify(text, False),
         )
         self._hardware: Any = None
         self._model_fp: Any = None
@@ -102,7 +130,7 @@ class Scheduler:
 
     # ---- the problem -------------------------------------------------------------------------
 
-    def shape_problem(self) -> Problem:
+    def shape_problem(self, num_microbatches: int | None = None) -> Problem:
         """The pipeline's shape with costs proportional to the layer groups' relative costs."""
         costs = (
             list(self.spec.layer_costs)
@@ -113,9 +141,36 @@ class Scheduler:
         for size in self.partition:
             bounds.append(sum(costs[start : start + size]))
             start += size
-        return initial_problem(
-            self.comm.num_stages, self.num_microbatches, self.num_chunks, self.placement, bounds
-        )
+        m = num_microbatches or self.num_microbatches
+        assert m is not None, "the microbatch count is chosen on the first training batch"
+        return initial_problem(self.comm.num_stages, m, self.num_chunks, self.placement, bounds)
+
+    def training_microbatches(self, batch_size: int) -> int:
+        """The training microbatch count for this batch size (``"auto"``: chosen here)."""
+        p, requested = self.comm.num_stages, self.options.num_microbatches
+        if isinstance(requested, int):
+            if batch_size % requested != 0:
+                fits = [m for m in range(p, batch_size + 1) if batch_size % m == 0]
+                raise OptPipeConfigError(
+                    f"batch size {batch_size} does not divide into num_microbatches={requested}; "
+                    f"use a batch size that is a multiple of {requested} (and drop_last=True in "
+                    "the DataLoader)" + (f", or num_microbatches in {fits}" if fits else "")
+                )
+            return requested
+
+        def runs_with(m: int) -> bool:
+            if self.options.schedule == "optimal":
+                return True
+            try:
+                choose_schedule(self.options.schedule, self.shape_problem(m))
+            except NoScheduleError:
+                return False
+            return True
+
+        try:
+            return choose_microbatches(batch_size, p, runs_with)
+        except ValueError as e:
+            raise OptPipeConfigError(str(e)) from None
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``"auto"``: 90% of the device memory less parameters,
@@ -139,6 +194,9 @@ class Scheduler:
         problem: Problem = profile.to_problem(memory_limit=limit)
         if not self.options.offload and problem.offload is not None:
             problem = problem.with_changes(offload=None)
+        if "layers_per_stage" in Problem.model_fields:
+            # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below)
+            problem = problem.with_changes(layers_per_stage=stage_layers(self.partition, problem))
         return problem
 
     def config(self) -> dict[str, Any]:
@@ -164,7 +222,7 @@ class Scheduler:
     def new_engine(self, problem: Problem, schedule: Schedule, measure: bool) -> PipelineEngine:
         return PipelineEngine(
             list(self.spec.layers),
-            self.spec.loss_fn,
+            None,
             problem,
             schedule,
             self.partition,
@@ -175,14 +233,9 @@ class Scheduler:
             measure=measure,
         )
 
-    def build(self, batch_size: int, world_size: int) -> None:
+    def build(self, num_microbatches: int, microbatch_size: int, world_size: int) -> None:
         """The training engine, on the first step: stored profile, or the profiling phase."""
-        m = self.num_microbatches
-        if batch_size % m != 0:
-            raise OptPipeConfigError(
-                f"batch size {batch_size} does not divide into num_microbatches={m}; use a batch "
-                f"size that is a multiple of {m} (and drop_last=True in the DataLoader)"
-            )
+        self.num_microbatches = num_microbatches
         o = self.options
         base = self.shape_problem()
         # on GPU a step that times its ops synchronises after each one: keep its wall time out
@@ -191,7 +244,7 @@ class Scheduler:
         self._model_fp = model_fingerprint(
             self.model_name,
             self.spec.layers,
-            batch_size // m,
+            microbatch_size,
             self.comm.num_stages,
             self.num_chunks,
             self.partition,
@@ -223,22 +276,45 @@ class Scheduler:
             stored = self.run_log.find_profile(self._hardware, self._model_fp)
         return self.comm.broadcast(None if stored is None else stored.model_dump_json())
 
-    def evaluation_engine(self, batch_size: int) -> PipelineEngine:
-        """The forward-only engine of validation (built on the first validation batch)."""
-        if self.eval_engine is None:
-            m = self.num_microbatches
-            if batch_size % m != 0:
-                raise OptPipeConfigError(
-                    f"validation batch size {batch_size} does not divide into "
-                    f"num_microbatches={m}; use a multiple of {m} and drop_last=True"
-                )
-            base = self.shape_problem()
-            self.eval_engine = self.new_engine(base, profiling_schedule(base), measure=False)
-        return self.eval_engine
+    def eval_microbatches(self, batch_size: int) -> int:
+        """The microbatch count of a forward-only batch (training's or the one asked for when it
+        divides the batch, else chosen as ``"auto"`` would; a batch smaller than the pipeline
+        runs as that many microbatches)."""
+        requested = self.options.num_microbatches
+        m = requested if isinstance(requested, int) else self.num_microbatches
+        return eval_microbatches(batch_size, self.comm.num_stages, m)
+
+    def has_forward_pipeline(self, num_microbatches: int, shape: Any) -> bool:
+        return (num_microbatches, shape) in self.forward_pipelines
+
+    def forward_pipeline(self, num_microbatches: int, shape: Any) -> ForwardPipeline:
+        """The forward-only pipeline for this microbatch count and input shape (cached)."""
+        key = (num_microbatches, shape)
+        pipe = self.forward_pipelines.get(key)
+        if pipe is None:
+            pipe = ForwardPipeline(
+                list(self.spec.layers),
+                self.shape_problem(num_microbatches),
+                self.partition,
+                self.comm.pp_rank,
+                self.comm.pp_group,
+                self.device,
+            )
+            self.forward_pipelines[key] = pipe
+            while len(self.forward_pipelines) > MAX_FORWARD_PIPELINES:
+                self.forward_pipelines.popitem(last=False)
+        self.forward_pipelines.move_to_end(key)
+        return pipe
 
     # ---- a step ------------------------------------------------------------------------------
 
-    def run_step(self, inputs: Any, targets: Any, grad_scale: float) -> Tensor:
+    def run_step(
+        self,
+        arg_mbs: Sequence[tuple[Any, ...]] | None,
+        targets: Sequence[Any],
+        grad_scale: float,
+        loss_fn: Callable[[Any, Any], Any],
+    ) -> dict[int, Tensor]:
         """One pipelined step, timed (profiling steps, calibration samples, the run log)."""
         assert self.engine is not None
         cursor = self.engine.cursor
@@ -247,7 +323,7 @@ class Scheduler:
         if sampling:
             cursor.measure = sampler.time_ops_next()
         t0 = time.perf_counter()
-        loss = self.engine.step(inputs, targets, grad_scale=grad_scale)
+        losses = self.engine.run(arg_mbs, targets, grad_scale, loss_fn)
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
         self._step_count += 1
@@ -260,7 +336,17 @@ class Scheduler:
             sampler.record(elapsed, cursor.measure, cursor.times)
             cursor.drop_times()
             cursor.measure = False
-        return loss
+        return losses
+
+    def metrics(self) -> dict[str, float]:
+        """What a training step logs about the schedule: the switches so far, the running
+        schedule's predicted step time (on measured costs) and the schedule itself."""
+        out = {"optpipe/schedule_switches": float(len(self.switches))}
+        if self.predicted is not None:
+            out["optpipe/predicted_step_s"] = float(self.predicted)
+        if self.engine is not None:
+            out[f"optpipe/schedule/{self.engine.schedule.generator}"] = 1.0
+        return out
 
     # ---- the optimizer-step boundary ---------------------------------------------------------
 
@@ -308,7 +394,10 @@ class Scheduler:
                     sched = choose_schedule(
                         o.schedule, problem, o.solver_backend, o.solver_time_limit
                     )
-                payload = ("ok", sched.model_copy(update={"problem": problem}).to_json())
+                if sched.problem is None or _chunking(sched.problem) == _chunking(problem):
+                    sched = sched.model_copy(update={"problem": problem})
+                # else: a schedule for another chunking of this pipeline, on its own problem
+                payload = ("ok", sched.to_json())
             except (NoScheduleError, ScheduleRejectedError, ValueError) as e:
                 payload = ("error", str(e))
         else:
@@ -319,6 +408,8 @@ class Scheduler:
         sched = Schedule.from_json(payload[1])
         # rank 0's problem for everyone (memory limits may differ a little between replicas)
         problem = sched.problem or problem
+        if _chunking(problem) != (self.num_chunks, self.placement):
+            self.rechunk(problem)
         self.switch(sched, problem, reason)
         self.phase = "run"
         if o.online_resolve and o.schedule_source is None and o.schedule == "optimal":
@@ -331,23 +422,22 @@ class Scheduler:
         self.engine.cursor.set_measure(False)
         self.calibrator.sampler.reset()  # calibration data belongs to the schedule that made it
         pred = simulate(problem, schedule.actions).makespan
-        self.predicted = pred
+        # a prediction in seconds needs measured costs (unit costs predict nothing)
+        self.predicted = None if problem.name == "unprofiled" else pred
         self.switches.append(
             {
                 "step": self.optimizer_steps,
                 "from": old,
                 "to": schedule.generator,
                 "reason": reason,
-                "predicted_seconds": pred,
+                "predicted_seconds": self.predicted,
             }
         )
-        log.info(
-            "optpipe: step %d: schedule %s -> %s (%s), predicted %.6gs",
-            self.optimizer_steps,
-            old,
-            schedule.generator,
-            reason,
-            pred or float("nan"),
+        when = f"predicted {1e3 * self.predicted:.4g} ms per step" if self.predicted else ""
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: schedule {old} -> {schedule.generator} "
+            f"({reason}){', ' + when if when else ''}",
+            False,
         )
         if self.run_log is not None and self.run_log.active:
             self.run_log.record_switch(self.optimizer_steps, schedule, problem, reason)
@@ -365,20 +455,15 @@ class Scheduler:
         old_pred = self.predicted or 0.0
         self.engine.problem = res.problem
         self.predicted = float(record["predicted_seconds"])
-        # the first calibration of a schedule, and any that moves the prediction by > 5%, at INFO
+        # the first calibration of a schedule, and any that moves the prediction by > 5%, shown
         moved = abs(self.predicted - old_pred) > 0.05 * max(old_pred, 1e-12)
-        log.log(
-            logging.INFO if res.first or moved else logging.DEBUG,
-            "optpipe: step %d: calibrated %s from %d steps (%d op-timed): measured %.6gs, "
-            "predicted %.6gs -> %.6gs, overhead %.3g ms per action",
-            self.optimizer_steps,
-            record["schedule"],
-            record["steps"],
-            record["timed_steps"],
-            record["measured_seconds"],
-            record["previous_seconds"],
-            record["predicted_seconds"],
-            1e3 * record["overhead_seconds"],
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: calibrated {record['schedule']} from "
+            f"{record['steps']} steps ({record['timed_steps']} op-timed): measured "
+            f"{1e3 * record['measured_seconds']:.4g} ms, predicted "
+            f"{1e3 * record['previous_seconds']:.4g} -> {1e3 * record['predicted_seconds']:.4g} "
+            f"ms, overhead {1e3 * record['overhead_seconds']:.3g} ms per action",
+            not (res.first or moved),
         )
         self.resolve.on_calibrated(res.problem, self.engine.schedule)
 
@@ -400,6 +485,7 @@ class Scheduler:
             self.engine, self.comm, self._hardware, self._model_fp, self._profile_walls
         )
         self.calibrator.overhead_in_problem = overhead
+        self.notify(f"optpipe: runtime overhead {1e3 * overhead:.3g} ms per action", True)
         if self.run_log is not None and self.run_log.active:
             self.run_log.store_profile(profile)
         self.profile = profile
@@ -428,7 +514,7 @@ class Scheduler:
         base = self.shape_problem()
         self.engine.instrument_layers(False)
         self.engine = self.new_engine(base, profiling_schedule(base), measure=True)
-        self.eval_engine = None
+        self.forward_pipelines.clear()
         self.switches.append(
             {
                 "step": self.optimizer_steps,
@@ -438,13 +524,40 @@ class Scheduler:
                 "predicted_seconds": None,
             }
         )
-        log.info(
-            "optpipe: step %d: layer groups %s -> %s (profiled per-layer costs)",
-            self.optimizer_steps,
-            old,
-            self.partition,
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {self.partition} "
+            "(profiled per-layer costs)",
+            False,
         )
         return True
+
+    def rechunk(self, problem: Problem) -> None:
+        """Run ``problem``'s chunking: each device keeps its layers, split into its chunks
+        (``partition.chunked_partition``); parameters and optimizer state move to their new
+        ranks as in a re-partition, so the numbers do not change."""
+        assert self.engine is not None and self.module is not None
+        v, placement = _chunking(problem)
+        old = list(self.partition)
+        shape = self.engine.problem
+        layers = stage_layers(self.partition, shape)
+        try:
+            new = chunked_partition(layers, v, placement)
+        except PartitionError as e:
+            raise NoScheduleError(f"the chosen schedule runs {v} chunks per device: {e}") from None
+        move_to_partition(self.module, self.optimizers(), self.engine, self.comm, self.device)
+        self.partition, self.num_chunks, self.placement = new, v, placement
+        if self._model_fp is not None:
+            update = {"num_chunks": v, "partition": new}
+            self._model_fp = self._model_fp.model_copy(update=update)
+        self.engine.instrument_layers(False)
+        base = self.shape_problem()
+        self.engine = self.new_engine(base, profiling_schedule(base), measure=False)
+        self.forward_pipelines.clear()
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {new} ({v} chunks per "
+            f"device, {placement} placement)",
+            False,
+        )
 
     # ---- the end -----------------------------------------------------------------------------
 

@@ -214,6 +214,10 @@ class OptPipeStage(PipelineStage):
         self.chunk = chunk
         self.cursor = cursor
         self._deferred_loss: dict[int, Any] = {}
+        # the last layer group's latest forward output and its microbatch: torch computes the
+        # loss from exactly this object (its first-step shape inference uses another one)
+        self.last_output: Any = None
+        self.last_output_mb = -1
 
     def _get_init_p2p_neighbors_ops(self) -> list[Any]:
         """torch's p2p warm-up, without the ops to a neighbour stage on this same rank.
@@ -234,6 +238,8 @@ class OptPipeStage(PipelineStage):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, *rest, **kw)
         self.cursor.held_by_stage(fwd_chunk_id, self.chunk, self.fwd_cache.get(fwd_chunk_id))
         self.cursor.end("F", fwd_chunk_id, self.chunk)
+        if self.is_last:
+            self.last_output, self.last_output_mb = out, fwd_chunk_id
         if self.cursor.measure and isinstance(out, torch.Tensor):
             self.cursor.out_bytes.append(out.numel() * out.element_size())
         return out

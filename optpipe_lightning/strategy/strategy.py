@@ -10,12 +10,16 @@ module named for it:
 - ``scheduling.py``: the engine and the schedule it runs (profiling, ``profiler.py``;
   re-balancing, ``repartition.py``; calibration, ``calibration.py``; online re-solve,
   ``resolve.py``; the database, ``run_log.py``);
+- ``module_steps.py``: the module's own steps around the pipeline (the pipeline answers its
+  forward; logs and outputs shared by the last stage); ``microbatch.py``: batches into
+  microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
   clipping); ``checkpoint.py``: the whole model and optimizer state, collected.
 
-The strategy owns forward and backward: ``training_step`` runs one pipelined step and returns the
-batch's mean loss, detached, on every rank; ``backward`` hands the step's gradients over.
-Gradients are never rescaled behind the user's back: each microbatch loss is multiplied by
+The strategy owns forward and backward: ``training_step`` runs one pipelined step (the module's
+own ``training_step`` per microbatch on the last stage) and returns the batch's mean loss,
+detached, on every rank; ``backward`` hands the step's gradients over. Gradients are never
+rescaled behind the user's back: each microbatch loss is multiplied by
 ``1 / (num_microbatches * accumulate_grad_batches)`` before its backward, which makes the
 accumulated gradient exactly the single-device one; data-parallel replicas average theirs.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal
@@ -42,16 +47,18 @@ from lightning.fabric.utilities.distributed import (
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 
 from ..schedule import Problem, Schedule
 from .checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
-from .contract import PipelineSpec, get_spec
+from .contract import ContractError, PipelineSpec, get_spec
 from .host_allocator import tune_host_allocator
 from .launcher import CheckingLauncher
+from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .options import (
     MemoryLimit,
     OptPipeConfigError,
@@ -62,15 +69,9 @@ from .options import (
 from .partition import balanced_partition, validate_partition
 from .process_groups import PipelineComm, make_groups
 from .scheduling import Scheduler
-from .step import (
-    GradientHandover,
-    average_over_replicas,
-    batch_size,
-    check_same_batch,
-    clip_grad_norm_over_pipeline,
-)
+from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
-__all__ = ["OptPipeConfigError", "OptPipeStrategy"]
+__all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,14 @@ class OptPipeStrategy(ParallelStrategy):
         num_stages: pipeline stages (devices per pipeline); ``"auto"``: all devices divided by
             ``data_parallel``.
         num_microbatches: microbatches per batch (the batch size must divide by it); ``"auto"``:
-            twice the number of stages.
+            the smallest count that divides the batch with two or more per stage, else the
+            largest with one or more (chosen on the first training batch).
         schedule: ``"optimal"`` (the solver, falling back to the best baseline) or a baseline
             name (``"1f1b"``, ``"zb-h1"``, ``"zb-h2"``, ``"zbv"``, ``"interleaved-1f1b"``, ...).
-        num_chunks: chunks per device for ``"optimal"``/interleaved; V schedules use 2.
+        num_chunks: chunks per device (any count the layers allow: stages x chunks <= layers);
+            V schedules run 2, interleaved 1F1B 2 or more (default 2), others 1 by default.
+        placement: how a device's chunks sit in the model (``"interleaved"``: chunk c of device
+            d runs layer group c*p+d; ``"vshape"``: zig-zag); default by schedule.
         memory_limit: activation bytes per device: ``"auto"`` (device memory minus parameters,
             gradients and optimizer state; unlimited on CPU), a number, or None (unlimited).
         offload: allow activation offload (the schedule decides which activations move).
@@ -98,7 +103,8 @@ class OptPipeStrategy(ParallelStrategy):
         partition: layers per layer group (stages x chunks, in model order); default balanced by
             ``PipelineSpec.layer_costs`` or parameter counts.
         offload_min_bytes: saved tensors smaller than this stay on the device.
-        log_loss_as: name the training loss is logged under (None: not logged).
+        log_loss_as: for a module without its own ``training_step`` (``PipelineSpec.loss_fn``):
+            the name its loss is logged under (None: not logged).
         start_method: ``"popen"`` (script re-launch, like DDP), ``"spawn"``, ``"fork"``.
         schedule_source: for tests and tools: a callable ``(problem) -> Schedule`` used instead of
             ``schedule`` after profiling.
@@ -128,6 +134,7 @@ class OptPipeStrategy(ParallelStrategy):
         num_microbatches: int | Literal["auto"] = "auto",
         schedule: str = "optimal",
         num_chunks: int | None = None,
+        placement: Literal["interleaved", "vshape"] | None = None,
         memory_limit: MemoryLimit = "auto",
         offload: bool = True,
         solver_backend: str = "auto",
@@ -160,6 +167,7 @@ class OptPipeStrategy(ParallelStrategy):
             num_microbatches=num_microbatches,
             schedule=schedule,
             num_chunks=num_chunks,
+            placement=placement,
             memory_limit=memory_limit,
             offload=offload,
             solver_backend=solver_backend,
@@ -189,7 +197,10 @@ class OptPipeStrategy(ParallelStrategy):
         self.spec: PipelineSpec | None = None
         self.comm: PipelineComm | None = None
         self.scheduler: Scheduler | None = None  # one per trainer call, made in ``setup``
-        self._grads = GradientHandover()
+        self._steps: PipelinedSteps | None = None  # the step hooks' work, made in ``setup``
+        self._installed: list[str] = []  # default steps put on the module (removed at teardown)
+        self._in_step = False  # a module step runs on this rank alone (no collectives)
+        self._status: str | None = None  # how the trainer call ended, when not "finished"
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
@@ -234,10 +245,11 @@ class OptPipeStrategy(ParallelStrategy):
         return max(1, self.total_devices // self.options.data_parallel)
 
     @property
-    def num_microbatches(self) -> int:
+    def num_microbatches(self) -> int | None:
+        """Training's microbatch count (``"auto"``: known after the first training batch)."""
         if isinstance(self.options.num_microbatches, int):
             return self.options.num_microbatches
-        return 2 * self.num_stages
+        return self.scheduler.num_microbatches if self.scheduler is not None else None
 
     @property
     def pp_rank(self) -> int:
@@ -271,12 +283,24 @@ class OptPipeStrategy(ParallelStrategy):
         return self.scheduler.calibrations if self.scheduler is not None else []
 
     def check_sizes(self, world_size: int) -> None:
-        check_sizes(self.options, world_size, self.num_stages, self.num_microbatches)
+        check_sizes(self.options, world_size, self.num_stages)
 
-    def precheck_model(self, model: Any) -> PipelineSpec:
+    def precheck_model(self, model: Any, fitting: bool = False) -> PipelineSpec:
         """The model contract and the layer count, checked in the launching process."""
         spec = get_spec(model)
         check_layers(self.options, len(spec.layers), self.num_stages)
+        name = type(model).__name__
+        if not getattr(model, "automatic_optimization", True):
+            raise OptPipeConfigError(
+                f"{name} uses manual optimization (automatic_optimization=False); "
+                "OptPipeStrategy runs the backward inside the pipeline: use automatic optimization"
+            )
+        if fitting and spec.loss_fn is None and not is_overridden("training_step", model):
+            raise ContractError(
+                f"{name} has no training_step and its PipelineSpec no loss_fn: define "
+                "training_step(batch, batch_idx) as on one device (the pipeline answers "
+                "self(x)), or give PipelineSpec(loss_fn=...)"
+            )
         return spec
 
     # ---- launch ------------------------------------------------------------------------------
@@ -287,10 +311,14 @@ class OptPipeStrategy(ParallelStrategy):
     # ---- Lightning's calls, in order ---------------------------------------------------------
 
     def connect(self, model: pl.LightningModule) -> None:
-        """The pipeline runs the step: a model need not define ``training_step`` itself."""
-        for hook in ("training_step", "validation_step"):
-            if not is_overridden(hook, model):
-                setattr(model, hook, types.MethodType(_run_by_strategy, model))
+        """A module without its own steps gets the ones its ``PipelineSpec.loss_fn`` makes."""
+        spec = get_spec(model)
+        self._installed = []
+        if spec.loss_fn is not None:
+            for hook, fn in DEFAULT_STEPS.items():
+                if not is_overridden(hook, model):
+                    setattr(model, hook, types.MethodType(fn, model))
+                    self._installed.append(hook)
         super().connect(model)
 
     def setup_environment(self) -> None:
@@ -327,17 +355,28 @@ class OptPipeStrategy(ParallelStrategy):
         assert self.accelerator is not None and self.comm is not None
         self.accelerator.setup(trainer)
         assert self.lightning_module is not None
-        self.spec = self.precheck_model(self.lightning_module)
+        self.spec = self.precheck_model(self.lightning_module, trainer.state.fn == "fit")
+        self._status = None
+        self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
+        requested = self.options.num_microbatches
         self.scheduler = Scheduler(
             self.options,
             self.spec,
             self.comm,
             self.root_device,
             self._partition(self.spec),
-            self.num_microbatches,
+            requested if isinstance(requested, int) else None,
             model_name=type(self.lightning_module).__name__,
             backend=self._process_group_backend or "gloo",
+            notify=_notify,
+            module=self.lightning_module,
+            optimizers=lambda: self.optimizers,
         )
+        if self.options.data_parallel == 1:
+            # every rank logs the last stage's values: one replica needs no sync_dist
+            warnings.filterwarnings(
+                "ignore", message=r"It is recommended to use `self.log\(.*sync_dist=True\)`"
+            )
         if self.model is not None:
             self.model = self.precision_plugin.convert_module(self.model)
         if trainer.state.fn == "fit":
@@ -363,36 +402,22 @@ class OptPipeStrategy(ParallelStrategy):
     def model_to_device(self) -> None:
         """Only the local layer groups move (the engine does it); the rest stays on the host."""
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
-        assert self.spec is not None and self.lightning_module is not None
-        sched, comm = self.scheduler, self.comm
-        assert sched is not None and comm is not None
-        batch = args[0] if args else kwargs["batch"]
-        inputs, targets = self.spec.split(batch)
-        if sched.engine is None:
-            check_same_batch(inputs, targets, comm, OptPipeConfigError)
-            sched.build(batch_size(inputs), self.world_size)
-        engine = sched.engine
-        assert engine is not None
-        accumulate = max(1, int(self.lightning_module.trainer.accumulate_grad_batches))
-
-        def step() -> Tensor:
-            with self.precision_plugin.train_step_context():
-                loss = sched.run_step(inputs, targets, grad_scale=1.0 / accumulate)
-            return average_over_replicas(engine.parameters, loss, comm)
-
-        # Lightning zeroes gradients *after* training_step and before backward: run the pipeline
-        # on fresh .grad, keep its gradients aside, and hand them over in ``backward``.
-        loss = self._grads.run(engine.parameters, step)
-        if self.options.log_loss_as:
-            self.lightning_module.log(self.options.log_loss_as, loss, prog_bar=True, logger=True)
-        return loss
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """One pipelined step: the module's ``training_step`` per microbatch on the last stage."""
+        module, sched, steps = self._parts()
+        out = steps.train(
+            module, sched, args, kwargs, self.precision_plugin.train_step_context, self.optimizers
+        )
+        for name, value in sched.metrics().items():  # the schedule that ran, for loggers
+            module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        return out
 
     def backward(
         self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
     ) -> Tensor:
         """The pipeline step already ran every backward: add its gradients to ``.grad`` now."""
-        self._grads.give()
+        if self._steps is not None:
+            self._steps.grads.give()
         return closure_loss
 
     def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
@@ -409,20 +434,52 @@ class OptPipeStrategy(ParallelStrategy):
         return out
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        assert self.spec is not None and self.lightning_module is not None
-        assert self.scheduler is not None
-        batch = args[0] if args else kwargs["batch"]
-        inputs, targets = self.spec.split(batch)
-        engine = self.scheduler.evaluation_engine(batch_size(inputs))
-        with self.precision_plugin.val_step_context():
-            loss = engine.evaluate(inputs, targets)
-        dp = self.comm is not None and self.comm.dp_group is not None
-        self.lightning_module.log("val_loss", loss, prog_bar=True, sync_dist=dp)
-        return loss
+        return self._forward_step(
+            "validation_step", self.precision_plugin.val_step_context, args, kwargs
+        )
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward_step(
+            "test_step", self.precision_plugin.test_step_context, args, kwargs
+        )
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's ``predict_step`` on the pipeline's output; the whole batch's predictions
+        on every rank of the pipeline (rank 0 returns them, as under DDP)."""
+        return self._forward_step(
+            "predict_step", self.precision_plugin.predict_step_context, args, kwargs
+        )
+
+    def _forward_step(self, hook: str, context: Any, args: Any, kwargs: Any) -> Any:
+        module, sched, steps = self._parts()
+        return steps.forward(hook, module, sched, args, kwargs, context)
+
+    def _parts(self) -> tuple[pl.LightningModule, Scheduler, PipelinedSteps]:
+        assert self.lightning_module is not None
+        assert self.scheduler is not None and self._steps is not None
+        return self.lightning_module, self.scheduler, self._steps
+
+    def _guard(self, on: bool) -> None:
+        self._in_step = on
+
+    def on_train_end(self) -> None:
+        """Every rank's module takes the whole trained model (each layer from its stage): the
+        module left in the user's process after ``fit`` is the trained one, for every launcher."""
+        module, sched, _ = self._parts()
+        if sched.engine is not None:
+            module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
 
     # ---- collectives -------------------------------------------------------------------------
 
+    def _refuse_in_step(self, what: str) -> None:
+        if self._in_step:
+            raise PipelineStepError(
+                f"a step called {what}, a collective: under OptPipeStrategy a step runs on the "
+                "last pipeline stage alone; log with self.log(..., sync_dist=True) instead"
+            )
+
     def barrier(self, name: str | None = None) -> None:
+        self._refuse_in_step("barrier")
         if _distributed_is_initialized():
             if dist.get_backend() == "nccl":  # pragma: no cover - GPU only
                 dist.barrier(device_ids=[self.root_device.index])
@@ -430,6 +487,7 @@ class OptPipeStrategy(ParallelStrategy):
                 dist.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self._refuse_in_step("broadcast")
         if not _distributed_is_initialized():
             return obj
         box = [obj]
@@ -437,9 +495,16 @@ class OptPipeStrategy(ParallelStrategy):
         return box[0]
 
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any | None = "mean") -> Any:
+        self._refuse_in_step("reduce")
         if isinstance(tensor, Tensor):
             return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
         return tensor
+
+    def all_gather(
+        self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> Tensor:
+        self._refuse_in_step("all_gather")
+        return super().all_gather(tensor, group, sync_grads)
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -457,22 +522,27 @@ class OptPipeStrategy(ParallelStrategy):
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         load_optimizer_states(self.optimizers, checkpoint["optimizer_states"], self.root_device)
 
-    # ---- teardown ----------------------------------------------------------------------------
+    # ---- the end ----------------------------------------------------------------------------
+
+    def on_exception(self, exception: BaseException) -> None:
+        interrupted = isinstance(exception, KeyboardInterrupt | SIGTERMException)
+        self._status = "interrupted" if interrupted else "failed"
 
     def teardown(self) -> None:
+        """Stop the background solver, record how the run ended, take the default steps off."""
         if self.scheduler is not None:
-            status = "finished"
-            trainer = getattr(self.lightning_module, "_trainer", None)
-            if trainer is not None and str(trainer.state.status.value) != "finished":
-                status = str(trainer.state.status.value)  # "interrupted" (or still "running")
-            self.scheduler.close(status)
+            self.scheduler.close(self._status or "finished")
+        module = self.lightning_module
+        for hook in self._installed:
+            if module is not None:
+                module.__dict__.pop(hook, None)
+        self._installed = []
         super().teardown()
 
 
-def _run_by_strategy(self: Any, *args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError(
-        "this step runs inside OptPipeStrategy (the pipeline); it is not called directly"
-    )
+def _notify(text: str, detail: bool) -> None:
+    """The strategy's messages, through Lightning's rank-zero logging."""
+    (rank_zero_debug if detail else rank_zero_info)(text)
 
 
 def _register_on_import() -> None:

@@ -169,33 +169,36 @@ _STEP_KW = (
 )
 
 
-def run_step(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:
-    """One pipelined step: first stage gives inputs, last gives targets, losses filled last."""
-    if inputs is None:
-        runtime.step(target=targets, losses=losses, **_STEP_KW)
-    else:
-        runtime.step(inputs, target=targets, losses=losses, **_STEP_KW)
+def run_step(runtime: Any, args: tuple[torch.Tensor, ...] | None, num_microbatches: int) -> None:
+    """One pipelined step. The first stage gives the batch's inputs (torch cuts them into
+    microbatches along dimension 0); the targets are the microbatch indices (the loss hook finds
+    each microbatch's own data by the output torch hands it)."""
+    targets = torch.arange(num_microbatches)
+    runtime.step(*(args or ()), target=targets, **_STEP_KW)
 
 
-def run_eval(runtime: Any, inputs: Any, targets: Any, losses: list[torch.Tensor]) -> None:
-    """Forward-only pass: the loaded order's forwards, lowered on their own (torch's ``eval``
-    would still walk the backward actions, which breaks V-shape local hand-offs)."""
-    full = runtime.pipeline_order_with_comms
-    cached = getattr(runtime, "_optpipe_eval", None)
-    if cached is None or cached[0] is not full:
-        forwards = {
-            r: [a for a in row if a is not None and a.computation_type == _sch.FORWARD]
-            for r, row in runtime.pipeline_order.items()
-        }
-        lowered = _sch._add_send_recv(
-            forwards,
-            stage_to_rank=lambda g: runtime.stage_index_to_group_rank[g],
-            num_stages=runtime._num_stages,
-        )
-        cached = (full, lowered)
-        runtime._optpipe_eval = cached
-    runtime.pipeline_order_with_comms = cached[1]
-    try:
-        runtime.eval(inputs, target=targets, losses=losses)
-    finally:
-        runtime.pipeline_order_with_comms = full
+def make_forward_runtime(
+    stages: list[Any],
+    num_microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    order: TorchOrder,
+    forward_order: TorchOrder,
+) -> Any:
+    """A runtime that runs ``forward_order`` (forwards only) with ``eval``.
+
+    torch validates a loaded order as a training schedule (every forward needs its backward), so
+    the runtime is loaded with ``order`` (a training order of the same pipeline: it fixes which
+    rank runs which stage) and then runs ``forward_order``, lowered with torch's own pass.
+    """
+    runtime = make_runtime(stages, num_microbatches, loss_fn, order)
+    runtime.pipeline_order_with_comms = _sch._add_send_recv(
+        {r: list(row) for r, row in forward_order.items()},
+        stage_to_rank=lambda g: runtime.stage_index_to_group_rank[g],
+        num_stages=runtime._num_stages,
+    )
+    return runtime
+
+
+def run_forward(runtime: Any, args: tuple[torch.Tensor, ...] | None, num_microbatches: int) -> None:
+    """One forward-only pass of a ``make_forward_runtime`` runtime (no gradients kept)."""
+    runtime.eval(*(args or ()), target=torch.arange(num_microbatches))

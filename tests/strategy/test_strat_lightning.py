@@ -178,6 +178,7 @@ def test_lightning_profiles_then_reuses_the_stored_profile(tmp_path: Path) -> No
         switches = repo.schedule_switches(s, runs[0].id)
     db.close()
     assert len(profiles) == 1 and len(runs) == 1
+    assert runs[0].status == "finished"  # recorded as it ended (teardown ran before Lightning's)
     assert [st.step for st in steps] == [1, 2, 3]  # every optimizer step, measured + predicted
     assert all(st.measured_seconds > 0 for st in steps)
     # profiling steps have no prediction; the step on the chosen schedule has one

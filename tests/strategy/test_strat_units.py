@@ -13,6 +13,9 @@ from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_fo
 from optpipe_lightning.strategy.partition import (
     PartitionError,
     balanced_partition,
+    chunk_counts,
+    chunked_partition,
+    stage_layers,
     validate_partition,
 )
 from optpipe_lightning.strategy.planner import NoScheduleError, choose_schedule, profiling_schedule
@@ -31,6 +34,39 @@ def test_balanced_partition_minimises_the_largest_group() -> None:
         balanced_partition([1, 1], 2, memory=[5, 5], memory_limit=1)
     with pytest.raises(PartitionError, match="covers 5 layers"):
         validate_partition([2, 3], 6, 2)
+
+
+def test_a_chunk_count_implies_the_partition_each_device_keeping_its_layers() -> None:
+    # 2 stages of 4 and 2 layers: 2 chunks each, interleaved (chunk c of device d: group c*p+d)
+    assert chunked_partition([4, 2], 2, "interleaved") == [2, 1, 2, 1]
+    # V placement, 4 chunks of one layer: device 0 runs groups 0, 3, 4, 7
+    assert chunked_partition([4, 4], 4, "vshape") == [1] * 8
+    vshape = Problem(
+        num_stages=2, num_microbatches=2, num_chunks=2, placement="vshape", t_f=1, t_b=1, t_w=1
+    )
+    assert stage_layers([3, 1, 1, 3], vshape) == [6, 2]  # device 0: groups 0 and 3
+    assert chunk_counts([4, 6]) == [1, 2]
+    with pytest.raises(
+        PartitionError, match=r"layer count \[4, 6\] to divide by 4; these layers allow \[1, 2\]"
+    ):
+        chunked_partition([4, 6], 4)
+
+
+def test_chunk_options_are_checked_when_given() -> None:
+    from optpipe_lightning.strategy.options import OptPipeConfigError, PipelineOptions
+
+    assert PipelineOptions(schedule="gpipe", num_chunks=4, placement="vshape").chunks == (
+        4,
+        "vshape",
+    )
+    assert PipelineOptions(schedule="interleaved-1f1b", num_chunks=4).chunks == (4, "interleaved")
+    assert PipelineOptions(schedule="zbv").chunks == (2, "vshape")
+    with pytest.raises(OptPipeConfigError, match="zbv runs 2 chunks per device in V placement"):
+        PipelineOptions(schedule="zbv", num_chunks=4)
+    with pytest.raises(OptPipeConfigError, match="interleaved-1f1b runs 2 or more chunks"):
+        PipelineOptions(schedule="interleaved-1f1b", placement="vshape")
+    with pytest.raises(OptPipeConfigError, match="num_chunks must be an integer >= 1"):
+        PipelineOptions(num_chunks=0)
 
 
 def test_contract_errors_name_the_fix() -> None:
