@@ -437,6 +437,14 @@ def inspect(
     port: Annotated[
         int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
     ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="open a demo database: example problems with every baseline and solver runs, "
+            "and a recorded training run (built on first use; with --db, built there)",
+        ),
+    ] = False,
 ) -> None:
     """Start the Streamlit inspector on 127.0.0.1 over a profiles database (read-only)."""
     with user_errors():
@@ -446,6 +454,10 @@ def inspect(
             raise UserError(
                 f"the inspector needs its extra: pip install 'optpipe-lightning[inspector]' ({e})"
             ) from None
+        if demo:
+            from .demo import ensure_demo_database
+
+            db = ensure_demo_database(db, log=lambda m: err.print(f"optpipe inspect: {m}"))
         raise typer.Exit(run_inspector(db, port))
 
 
