@@ -108,6 +108,7 @@ class App:
         self.url = f"sqlite:///{db_path}"
         out = subprocess.run(
             [sys.executable, "-c", STORE, str(schedule_path), self.url],
+            cwd=self.tree,
             env=self.env(),
             capture_output=True,
             text=True,
@@ -143,7 +144,8 @@ def run_once(app: App, browser: object, warm: int) -> None:
     cmd = [*app.command, "--server.port", str(port), "--", "--db", app.url]
     log = tempfile.TemporaryFile()  # noqa: SIM115
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=app.env(), stdout=log, stderr=subprocess.STDOUT)
+    # cwd: ``python -m`` puts the working directory first on sys.path
+    proc = subprocess.Popen(cmd, cwd=app.tree, env=app.env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_health(port, proc)
         t_up = time.perf_counter()
@@ -152,7 +154,13 @@ def run_once(app: App, browser: object, warm: int) -> None:
         target = f"http://127.0.0.1:{port}/timeline?schedule={app.sid}"
         t_nav = time.perf_counter()
         page.goto(target)
-        page.wait_for_function(PAINTED, arg=app.canvases, timeout=120_000, polling=20)
+        try:
+            page.wait_for_function(PAINTED, arg=app.canvases, timeout=120_000, polling=20)
+        except Exception:
+            shot = Path(tempfile.gettempdir()) / f"bench-inspector-{app.name}.png"
+            page.screenshot(path=str(shot))
+            print(f"bench_inspector: {app.name} never drew; see {shot}", file=sys.stderr)
+            raise
         t_drawn = time.perf_counter()
         app.server.append(t_up - t0)
         app.cold.append(t_drawn - t0)

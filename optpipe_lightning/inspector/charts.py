@@ -41,9 +41,23 @@ LOSS_COLORS = ["#4C78A8", "#F58518"]
 LIMIT_COLOR = "#D62728"
 EVENT_COLOR = "#555555"
 
+CANVAS_ROWS = (
+    2000  # above this a chart is drawn on a canvas (SVG slows down past a few 1,000 marks)
+)
+NO_ARIA_ROWS = 5000  # above this marks get no ARIA labels (building them costs more than drawing)
 LABEL_MAX_BARS = 1500  # microbatch labels above this would overlap and slow the canvas
 ROW_STEP = 24  # pixels per device row without copy lanes
 LANE_STEP = 15  # pixels per lane when a device row has copy lanes
+
+
+def _fast(chart: Any, rows: int) -> Any:
+    """Canvas rendering (and no per-mark ARIA) for charts of many rows, as Streamlit's frontend
+    chooses by itself only for layers without a transform (ours filter their data)."""
+    if rows > CANVAS_ROWS:
+        chart = chart.properties(usermeta={"embedOptions": {"renderer": "canvas"}})
+    if rows > NO_ARIA_ROWS:
+        chart = chart.configure_mark(aria=False)
+    return chart
 
 
 def kind_color(present: Sequence[str] | None = None, *, title: str = "op") -> alt.Color:
@@ -114,14 +128,20 @@ def timeline_chart(
     few = len(timeline) <= LABEL_MAX_BARS
     lanes = _lanes(timeline)
     color = kind_color(sorted(set(timeline["kind"])) if len(timeline) else None)
-    has_waits = bool(len(timeline)) and bool((timeline["waits_for"] != "").any())
-    bars = _bars(color, unit=unit, lanes=lanes, outline=few)
-    if has_waits:
-        bars = bars.transform_filter("datum.waits_for == ''")
-    layers: list[alt.Chart] = [bars.add_params(zoom)]
-    if has_waits:
+    # every bar from one dataset without transforms (the cheapest for Vega to draw); the few
+    # ops that waited for memory again on top, from their own small dataset, with the wait in
+    # their tooltip
+    if "waits_for" in timeline.columns:
+        waited_rows = timeline[timeline["waits_for"] != ""]
+        timeline = timeline.drop(columns=["waits_for"])
+    else:
+        waited_rows = timeline.iloc[:0]
+    layers: list[alt.Chart] = [
+        _bars(color, unit=unit, lanes=lanes, outline=few).properties(data=timeline).add_params(zoom)
+    ]
+    if len(waited_rows):
         waited = _bars(color, unit=unit, lanes=lanes, outline=few, waits=True)
-        layers.append(waited.transform_filter("datum.waits_for != ''"))
+        layers.append(waited.properties(data=waited_rows))
     if labels is None:
         labels = few
     if labels:
@@ -136,13 +156,14 @@ def timeline_chart(
                 yOffset=alt.YOffset("lane:N", scale=alt.Scale(domain=lanes)),
                 text="micro:N",
             )
+            .properties(data=timeline)
         )
         layers.append(text)
     row = LANE_STEP if len(lanes) > 1 else ROW_STEP  # the step is per lane
-    chart = alt.layer(*layers, data=timeline).properties(width=width, height=alt.Step(row))
+    chart = alt.layer(*layers).properties(width=width, height=alt.Step(row))
     if title:
         chart = chart.properties(title=title)
-    return chart
+    return _fast(chart, len(timeline))
 
 
 def busy_chart(busy: pd.DataFrame, *, unit: str = "ms", width: int | str = "container") -> AnyChart:
@@ -153,7 +174,7 @@ def busy_chart(busy: pd.DataFrame, *, unit: str = "ms", width: int | str = "cont
     number of ops, so it draws at once where the detailed Gantt has thousands of bars.
     """
     order = list(dict.fromkeys(busy.sort_values("device")["stage"])) if len(busy) else []
-    return (
+    chart = (
         alt.Chart(busy)
         .mark_rect()
         .encode(
@@ -175,6 +196,7 @@ def busy_chart(busy: pd.DataFrame, *, unit: str = "ms", width: int | str = "cont
         )
         .properties(width=width, height=alt.Step(13))
     )
+    return _fast(chart, CANVAS_ROWS + 1)  # a canvas whatever its size: a strip of cells
 
 
 def memory_chart(
@@ -255,7 +277,7 @@ def memory_chart(
     )
     if title:
         chart = chart.properties(title=title)
-    return chart
+    return _fast(chart, len(memory))
 
 
 def peak_memory_chart(
@@ -400,12 +422,13 @@ def compare_chart(
         .properties(width=width, height=alt.Step(ROW_STEP // 2 + 4))
     )
     names = list(order) if order is not None else list(dict.fromkeys(stacked["schedule"]))
-    return bars.facet(
+    chart = bars.facet(
         data=stacked,
         row=alt.Row(
             "schedule:N", sort=names, title=None, header=alt.Header(labelAngle=0, labelAlign="left")
         ),
     ).resolve_scale(x="shared", y="independent")
+    return _fast(chart, len(stacked))
 
 
 def compare_metrics_chart(summary: pd.DataFrame, *, unit: str = "ms") -> AnyChart:

@@ -108,7 +108,7 @@ def idle_frame(timeline: pd.DataFrame, makespan: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["device", "busy", "idle", "idle_fraction"])
 
 
-def busy_frame(timeline: pd.DataFrame, makespan: float, bins: int = 160) -> pd.DataFrame:
+def busy_frame(timeline: pd.DataFrame, makespan: float, bins: int = 100) -> pd.DataFrame:
     """How busy each device's compute lane is in ``bins`` equal time slices of the makespan.
 
     Columns: device, t0, t1 (the slice), busy (fraction of the slice spent computing), stage

@@ -88,7 +88,8 @@ def run_inspector(db_url: str | None, port: int | None, *, open_browser: bool = 
     if problem is not None:
         print(f"optpipe inspect: {problem}", file=sys.stderr)
         return 2
-    cmd = streamlit_command(db_url, port, open_browser=open_browser)
+    # a port of our own choosing (not Streamlit's 8501): the server's warm-up waits on it
+    cmd = streamlit_command(db_url, port or free_port(), open_browser=open_browser)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(cmd[0], cmd)
