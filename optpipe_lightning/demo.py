@@ -264,7 +264,8 @@ def _record_training(db: Any, profile: Profile, key: str, out: DemoDatabase) -> 
         # the run ends on the fastest schedule stored (the solver's, unless a timed solve on a
         # busy machine fell behind a baseline) and starts on the fastest baseline slower than it
         best = min(stored, key=lambda r: (r.makespan or math.inf, r.source != "solver"))
-        slower = [r for r in stored if r.source == "baseline" and (r.makespan or 0) > best.makespan]
+        fastest = best.makespan or 0.0
+        slower = [r for r in stored if r.source == "baseline" and (r.makespan or 0) > fastest]
         first = min(slower, key=lambda r: r.makespan or math.inf)
         peaks = {r.id: repo.get_schedule(s, r.id).evaluation for r in (first, best)}
         cfg = {
