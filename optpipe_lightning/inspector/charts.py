@@ -46,6 +46,7 @@ CANVAS_ROWS = (
 )
 NO_ARIA_ROWS = 5000  # above this marks get no ARIA labels (building them costs more than drawing)
 LABEL_MAX_BARS = 1500  # microbatch labels above this would overlap and slow the canvas
+Y_LABELS = 120  # pixels for row labels: the busy strips and the Gantt line up their time axes
 ROW_STEP = 24  # pixels per device row without copy lanes
 LANE_STEP = 15  # pixels per lane when a device row has copy lanes
 
@@ -102,7 +103,11 @@ def _bars(
     return mark.encode(
         x=alt.X("start:Q", title=f"time ({unit})", scale=alt.Scale(nice=False)),
         x2="end:Q",
-        y=alt.Y("device:O", title="stage", axis=alt.Axis(labelExpr="'stage ' + datum.value")),
+        y=alt.Y(
+            "device:O",
+            title=None,
+            axis=alt.Axis(labelExpr="'stage ' + datum.value", minExtent=Y_LABELS),
+        ),
         yOffset=alt.YOffset("lane:N", scale=alt.Scale(domain=lanes)),
         color=color,
         tooltip=_tooltip(unit, waits),
@@ -180,7 +185,7 @@ def busy_chart(busy: pd.DataFrame, *, unit: str = "ms", width: int | str = "cont
         .encode(
             x=alt.X("t0:Q", title=f"time ({unit})", scale=alt.Scale(nice=False)),
             x2="t1:Q",
-            y=alt.Y("stage:N", title=None, sort=order),
+            y=alt.Y("stage:N", title=None, sort=order, axis=alt.Axis(minExtent=Y_LABELS)),
             color=alt.Color(
                 "busy:Q",
                 title="busy",
@@ -389,16 +394,20 @@ def solver_chart(
         )
         edge = "   ".join(marks[~marks["inside"]]["label"])
     chart = alt.layer(*layers).properties(width="container", height=320)
-    if title or edge:
+    if edge:  # in the title: a label at the axis's edge would sit on the curves
         chart = chart.properties(
             title=alt.TitleParams(
-                text=title or "",
-                subtitle=f"baselines off the axis: {edge}" if edge else "",
+                text=title or f"baselines {edge}",
+                subtitle=f"baselines {edge}" if title else [],
                 anchor="start",
+                fontSize=11 if not title else 13,
+                fontWeight="normal" if not title else "bold",
+                color="gray" if not title else "black",
                 subtitleColor="gray",
-                subtitleFontSize=11,
             )
         )
+    elif title:
+        chart = chart.properties(title=title)
     return chart
 
 
@@ -434,6 +443,8 @@ def compare_chart(
 def compare_metrics_chart(summary: pd.DataFrame, *, unit: str = "ms") -> AnyChart:
     """Makespan per schedule (bars in ``summary["makespan_display"]``), feasible ones coloured,
     bubble rate in the tooltip."""
+    fits = [x for x in (True, False) if len(summary) and x in set(summary["feasible"])] or [True]
+    colors = {True: "#4C78A8", False: LIMIT_COLOR}
     return (
         alt.Chart(summary)
         .mark_bar()
@@ -442,7 +453,7 @@ def compare_metrics_chart(summary: pd.DataFrame, *, unit: str = "ms") -> AnyChar
             x=alt.X("makespan_display:Q", title=f"makespan ({unit})"),
             color=alt.Color(
                 "feasible:N",
-                scale=alt.Scale(domain=[True, False], range=["#4C78A8", LIMIT_COLOR]),
+                scale=alt.Scale(domain=fits, range=[colors[x] for x in fits]),
                 legend=alt.Legend(orient="top", title="fits the memory limit"),
             ),
             tooltip=[

@@ -290,7 +290,7 @@ def baseline_marks(
 
     Baselines inside the range get a line and a label; names whose values lie within ``merge``
     of the range of each other share one label (so labels never overlap); the ones above the
-    range are listed in one label at the top edge ("above: zb-auto 23.1 s"). Columns:
+    range are listed in one label ("above the axis: zb-auto"). Columns:
     makespan (where the line/label sits), label, inside (False for the edge label).
     """
     cols = ["makespan", "label", "inside"]
@@ -311,11 +311,19 @@ def baseline_marks(
         rows.append(_merged(group))
     if above:
         rows.append(
-            {"makespan": hi, "label": "above: " + ", ".join(k for _, k in above), "inside": False}
+            {
+                "makespan": hi,
+                "label": "above the axis: " + ", ".join(k for _, k in above),
+                "inside": False,
+            }
         )
     if below:
         rows.append(
-            {"makespan": lo, "label": "below: " + ", ".join(k for _, k in below), "inside": False}
+            {
+                "makespan": lo,
+                "label": "below the axis: " + ", ".join(k for _, k in below),
+                "inside": False,
+            }
         )
     return pd.DataFrame(rows, columns=cols)
 

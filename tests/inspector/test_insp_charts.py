@@ -149,7 +149,7 @@ def test_solver_chart_spans_the_whole_solve() -> None:
     assert [{"at": 30.0, "what": "end · time limit 30 s"}] in vlines
     refs = [d for d in vlines if d and "label" in d[0]]
     assert refs == [[{"makespan": 0.55, "label": "1f1b", "inside": True}]]
-    assert spec["title"]["subtitle"] == "baselines off the axis: above: zb-auto"
+    assert spec["title"]["text"] == "baselines above the axis: zb-auto"
     running = charts.solver_chart(
         df, None, unit="s", x_end=12.0, y_domain=(0.2, 0.7), time_limit=60.0, finished=False
     ).to_dict()

@@ -109,7 +109,7 @@ def test_baseline_marks_never_stretch_the_axis() -> None:
     assert inside["label"].tolist() == ["zb-h1, zb-h2", "1f1b"]  # close values share a label
     assert inside["makespan"].between(4.0, 6.0).all()
     edge = marks[~marks.inside].set_index("label")["makespan"].to_dict()
-    assert edge == {"above: zb-auto": 6.0, "below: gpipe": 4.0}
+    assert edge == {"above the axis: zb-auto": 6.0, "below the axis: gpipe": 4.0}
     assert frames.baseline_marks({}, 0, 1).empty
 
 

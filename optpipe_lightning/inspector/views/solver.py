@@ -125,7 +125,7 @@ def progress() -> None:
                 f"{k} {ui.fmt_s(v * tu.scale)}"
                 for k, v in sorted(baselines.items(), key=lambda kv: kv[1])
             )
-            + "); those off the axis are named at its edge."
+            + "); those off the axis are named above the chart."
         )
     if page_running and not running:
         st.rerun()  # the run ended: redraw the page without the timer
