@@ -193,6 +193,8 @@ SCHEDULE_COLUMNS = [
     "produced_by",
     "problem",
     "problem_hash",
+    "chunks",
+    "placement",
     "generator",
     "source",
     "makespan",
@@ -207,7 +209,9 @@ SCHEDULE_COLUMNS = [
 def schedules(url: str, problem_hash: str | None = None) -> pd.DataFrame:
     """Stored schedules (newest first within a problem), without their action lists: what
     produced each one (``produced_by``), its problem's label, makespan (seconds)."""
-    problem_labels = dict(zip(problems(url)["hash"], problems(url)["label"], strict=True))
+    table = problems(url)
+    problem_labels = dict(zip(table["hash"], table["label"], strict=True))
+    chunking = {r.hash: (int(r.chunks or 1), str(r.placement or "")) for r in table.itertuples()}
 
     def q(s: Any) -> pd.DataFrame:
         recs = list(_repo().list_schedules(s, problem_hash=problem_hash))
@@ -222,6 +226,8 @@ def schedules(url: str, problem_hash: str | None = None) -> pd.DataFrame:
                 "produced_by": labels.producer(gen, source, params.get(sid, {})),
                 "problem": problem_labels.get(_get(rec, "problem_hash"), ""),
                 "problem_hash": _get(rec, "problem_hash"),
+                "chunks": chunking.get(_get(rec, "problem_hash"), (1, ""))[0],
+                "placement": chunking.get(_get(rec, "problem_hash"), (1, ""))[1],
                 "generator": gen,
                 "source": source,
                 "makespan": _get(rec, "makespan"),

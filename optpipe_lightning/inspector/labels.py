@@ -64,10 +64,13 @@ def producer(generator: str, source: str, params: Mapping[str, Any]) -> str:
 
 
 def schedule_label(row: Any) -> str:
-    """``#8 optpipe · cpsat · 643.659 ms`` (and ``infeasible`` when it exceeds the limit)."""
+    """``#8 optpipe · cpsat · 2 chunks vshape · 643.659 ms`` (the chunking when a stage holds
+    more than one, ``infeasible`` when it exceeds the limit)."""
     made = _v(row, "produced_by") or _v(row, "generator", "?")
+    v = int(_v(row, "chunks", 1) or 1)
+    chunks = f" · {v} chunks {_v(row, 'placement', '')}".rstrip() if v > 1 else ""
     fits = "" if _v(row, "feasible", True) else " · infeasible"
-    return f"#{_v(row, 'id')} {made} · {format_seconds(_v(row, 'makespan'))}{fits}"
+    return f"#{_v(row, 'id')} {made}{chunks} · {format_seconds(_v(row, 'makespan'))}{fits}"
 
 
 def solver_run_label(row: Any) -> str:

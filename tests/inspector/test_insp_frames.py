@@ -189,6 +189,8 @@ def test_problem_and_schedule_labels() -> None:
     assert labels.producer("zbv", "baseline", {"variant": "block"}) == "zbv (block)"
     sched = {"id": 7, "produced_by": "optpipe · cpsat", "makespan": 28.0, "feasible": False}
     assert labels.schedule_label(sched) == "#7 optpipe · cpsat · 28.000 s · infeasible"
+    v2 = {**sched, "feasible": True, "chunks": 2, "placement": "vshape"}
+    assert labels.schedule_label(v2) == "#7 optpipe · cpsat · 2 chunks vshape · 28.000 s"
 
 
 def test_search_survives_missing_values() -> None:
