@@ -273,7 +273,7 @@ def memory_chart(
         .mark_point(shape="triangle-up", filled=True, size=40, color=LIMIT_COLOR)
         .encode(x=x, y=y)
     )
-    layered = alt.layer(limit, lines, peak, over, data=memory).properties(width=220, height=120)
+    layered = alt.layer(limit, lines, peak, over, data=memory).properties(width=205, height=120)
     chart = layered.facet(
         facet=alt.Facet(
             "device:O", title=None, header=alt.Header(labelExpr="'stage ' + datum.value")
