@@ -21,6 +21,7 @@ from .errors import UserError, load_model
 from .schedule import Problem, Schedule, simulate
 from .schedule.bounds import lower_bound
 from .schedule.simulator import ScheduleMismatchError
+from .schedule.units import format_bytes, format_seconds
 
 app = typer.Typer(
     name="optpipe",
@@ -74,21 +75,11 @@ def _load_schedule(path: Path) -> Schedule:
 
 
 def _fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    return f"{seconds * 1e3:.3f} ms"
+    return format_seconds(seconds)
 
 
 def _fmt_bytes(x: float | None) -> str:
-    if x is None:
-        return "∞"
-    if abs(x) >= 1e6:
-        for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-            if abs(x) >= scale:
-                return f"{x / scale:.2f} {unit}"
-    return f"{x:.3g}"
+    return format_bytes(x, none="∞")
 
 
 def _row(
@@ -164,7 +155,7 @@ def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str
             peak,
             "[green]yes[/]" if r["feasible"] else "[red]no[/]",
             str(r["num_offloaded"]),
-            "-" if r["solve_seconds"] is None else f"{r['solve_seconds']:.2f} s",
+            _fmt_time(r["solve_seconds"]),
             _fmt_time(r["lower_bound"]),
         )
     out.print(table)
@@ -329,7 +320,8 @@ def solve(
                 f"[bold]{result.status}[/] ({result.backend}): makespan "
                 f"{_fmt_time(result.makespan)}, bound {_fmt_time(result.lower_bound)}, "
                 f"gap {result.gap:.2%}, {ev.num_offloaded if ev else 0} offloads, "
-                f"solved in {result.solve_seconds:.2f} s" + (f" -> {out_path}" if out_path else "")
+                f"solved in {_fmt_time(result.solve_seconds)}"
+                + (f" -> {out_path}" if out_path else "")
             )
 
 
@@ -445,6 +437,14 @@ def inspect(
     port: Annotated[
         int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")
     ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="open a demo database: example problems with every baseline and solver runs, "
+            "and a recorded training run (built on first use; with --db, built there)",
+        ),
+    ] = False,
 ) -> None:
     """Start the Streamlit inspector on 127.0.0.1 over a profiles database (read-only)."""
     with user_errors():
@@ -454,6 +454,10 @@ def inspect(
             raise UserError(
                 f"the inspector needs its extra: pip install 'optpipe-lightning[inspector]' ({e})"
             ) from None
+        if demo:
+            from .demo import ensure_demo_database
+
+            db = ensure_demo_database(db, log=lambda m: err.print(f"optpipe inspect: {m}"))
         raise typer.Exit(run_inspector(db, port))
 
 

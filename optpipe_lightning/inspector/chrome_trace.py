@@ -1,12 +1,13 @@
 """Chrome trace (Trace Event Format) of a schedule's simulated timeline, for Perfetto.
 
-Layout: one process per device ("stage d"), thread 0 its compute ops, thread 1 its copy channel
-(offload / reload); one complete event (``ph: "X"``) per action, a counter (``ph: "C"``) named
+Layout: one process per device ("stage d"), thread 0 its compute ops, thread 1 its
+device-to-host copies (OFFLOAD), thread 2 its host-to-device copies (RELOAD): a copy channel has
+one lane per direction, which run at the same time on a full-duplex channel; one complete event (``ph: "X"``) per action, a counter (``ph: "C"``) named
 "activation memory" per device with the on-device and offloaded bytes at every change, and flow
 arrows (``ph: "s"`` / ``"f"``) for every dependency that crosses devices (activations forward,
 gradients backward) and from each offload to its reload. Times are microseconds from the first
-op. Events on one (pid, tid) never overlap: a device computes one op at a time and its copy
-channel moves one activation at a time.
+op. Events on one (pid, tid) never overlap: a device computes one op at a time and each lane of
+its copy channel moves one activation at a time.
 
 Open the file in https://ui.perfetto.dev or chrome://tracing.
 """
@@ -20,7 +21,9 @@ from ..schedule.schedule import COMPUTE_KINDS
 
 US = 1e6  # seconds -> microseconds
 COMPUTE_TID = 0
-COPY_TID = 1
+OFFLOAD_TID = 1  # device -> host lane
+RELOAD_TID = 2  # host -> device lane
+TIDS = {"OFFLOAD": OFFLOAD_TID, "RELOAD": RELOAD_TID}
 MEMORY_COUNTER = "activation memory"
 
 
@@ -55,16 +58,24 @@ def chrome_trace(problem: Problem | None, schedule: Schedule) -> dict[str, Any]:
             _meta("process_sort_index", s, None, {"sort_index": s}),
             _meta("thread_name", s, COMPUTE_TID, {"name": "compute"}),
             _meta("thread_sort_index", s, COMPUTE_TID, {"sort_index": 0}),
-            _meta("thread_name", s, COPY_TID, {"name": "copy (offload / reload)"}),
-            _meta("thread_sort_index", s, COPY_TID, {"sort_index": 1}),
         ]
+        ops = {a.op for a in tl.actions[s]}  # a copy lane is named only where it is used
+        for op, name in (
+            ("OFFLOAD", "device → host (offload)"),
+            ("RELOAD", "host → device (reload)"),
+        ):
+            if op in ops:
+                events += [
+                    _meta("thread_name", s, TIDS[op], {"name": name}),
+                    _meta("thread_sort_index", s, TIDS[op], {"sort_index": TIDS[op]}),
+                ]
 
     # (op, stage, mb, chunk) -> (start us, end us, tid)
     slot: dict[tuple[str, int, int, int], tuple[float, float, int]] = {}
     for s in range(p):
         for a, t0, t1 in zip(tl.actions[s], tl.start[s], tl.end[s], strict=True):
             ts, te = float(t0) * US, float(t1) * US
-            tid = COMPUTE_TID if a.op in COMPUTE_KINDS else COPY_TID
+            tid = COMPUTE_TID if a.op in COMPUTE_KINDS else TIDS[a.op]
             slot[(a.op, s, a.mb, a.chunk)] = (ts, te, tid)
             events.append(
                 {

@@ -3,7 +3,8 @@ caches (the database may be written while the app is open), plain frames and mod
 
 Every function takes the database URL first (the cache key) and raises ``DataUnavailable`` with
 one line for the user when the database cannot be read (missing file, not a database, locked by
-a writer, schema too new). Nothing here imports ``optpipe_lightning.strategy`` (no torch).
+a writer, schema too new). Times are seconds and bytes are bytes here; pages convert them to
+display units. Nothing here imports ``optpipe_lightning.strategy`` (no torch).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
 
-from optpipe_lightning.inspector import frames
+from optpipe_lightning.inspector import frames, labels
 from optpipe_lightning.schedule import Problem, Schedule
 from optpipe_lightning.schedule.profile import Profile
 
@@ -123,80 +125,79 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+def _params(s: Any, model_name: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The ``params`` JSON of schedules or solver runs by id (the list rows leave it out)."""
+    from sqlalchemy import select
+
+    from optpipe_lightning.profiles_db import models
+
+    model = getattr(models, model_name)
+    out: dict[int, dict[str, Any]] = {}
+    for i in range(0, len(ids), 500):
+        q = select(model.id, model.params).where(model.id.in_(ids[i : i + 500]))
+        out.update({int(k): dict(v or {}) for k, v in s.execute(q).all()})
+    return out
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
 # ---- problems and schedules -------------------------------------------------------------------
 
-
-def _problem_of(obj: Any) -> Problem:
-    if isinstance(obj, Problem):
-        return obj
-    for attr in ("problem", "data"):
-        val = _get(obj, attr)
-        if isinstance(val, Problem):
-            return val
-        if isinstance(val, str | bytes):
-            return Problem.model_validate_json(val)
-    raise TypeError(f"not a problem: {type(obj).__name__}")
-
-
-def _schedule_of(obj: Any) -> Schedule:
-    if isinstance(obj, Schedule):
-        return obj
-    for attr in ("schedule", "data"):
-        val = _get(obj, attr)
-        if isinstance(val, Schedule):
-            return val
-        if isinstance(val, str | bytes):
-            return Schedule.model_validate_json(val)
-    raise TypeError(f"not a schedule: {type(obj).__name__}")
+PROBLEM_COLUMNS = [
+    "hash",
+    "label",
+    "name",
+    "stages",
+    "microbatches",
+    "chunks",
+    "placement",
+    "memory_limit",
+    "offload",
+    "schedules",
+    "best_makespan",
+]
 
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
 def problems(url: str) -> pd.DataFrame:
-    """Stored problems: hash, name, p, m, v, placement, smallest memory limit, offload."""
+    """Stored problems: hash, label (name or shape), shape, smallest memory limit, offload, how
+    many schedules and the best feasible makespan (seconds)."""
 
     def q(s: Any) -> pd.DataFrame:
         rows = []
         for r in _repo().list_problems(s):
-            best = _get(r, "best_makespan")
-            rows.append(
-                {
-                    "hash": _get(r, "hash"),
-                    "name": _get(r, "name") or "",
-                    "stages": _get(r, "num_stages"),
-                    "microbatches": _get(r, "num_microbatches"),
-                    "chunks": _get(r, "num_chunks"),
-                    "placement": _get(r, "placement") if (_get(r, "num_chunks") or 1) > 1 else "",
-                    "memory_limit": _get(r, "memory_limit"),
-                    "offload": bool(_get(r, "offload")),
-                    "schedules": _get(r, "num_schedules"),
-                    "best_makespan_ms": _ms(best),
-                }
-            )
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "hash",
-                "name",
-                "stages",
-                "microbatches",
-                "chunks",
-                "placement",
-                "memory_limit",
-                "offload",
-                "schedules",
-                "best_makespan_ms",
-            ],
-        )
+            row = {
+                "hash": _get(r, "hash"),
+                "name": _get(r, "name") or "",
+                "stages": _get(r, "num_stages"),
+                "microbatches": _get(r, "num_microbatches"),
+                "chunks": _get(r, "num_chunks"),
+                "placement": _get(r, "placement") if (_get(r, "num_chunks") or 1) > 1 else "",
+                "memory_limit": _get(r, "memory_limit"),
+                "offload": bool(_get(r, "offload")),
+                "schedules": _get(r, "num_schedules"),
+                "best_makespan": _get(r, "best_makespan"),
+            }
+            row["label"] = labels.problem_label(row)
+            rows.append(row)
+        return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 
     return _query(url, q)
 
 
 SCHEDULE_COLUMNS = [
     "id",
+    "label",
+    "produced_by",
+    "problem",
     "problem_hash",
+    "chunks",
+    "placement",
     "generator",
     "source",
-    "makespan_ms",
+    "makespan",
     "bubble_rate",
     "feasible",
     "num_offloaded",
@@ -206,40 +207,40 @@ SCHEDULE_COLUMNS = [
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
 def schedules(url: str, problem_hash: str | None = None) -> pd.DataFrame:
-    """Stored schedules (newest first within a problem), without their action lists."""
+    """Stored schedules (newest first within a problem), without their action lists: what
+    produced each one (``produced_by``), its problem's label, makespan (seconds)."""
+    table = problems(url)
+    problem_labels = dict(zip(table["hash"], table["label"], strict=True))
+    chunking = {r.hash: (int(r.chunks or 1), str(r.placement or "")) for r in table.itertuples()}
 
     def q(s: Any) -> pd.DataFrame:
+        recs = list(_repo().list_schedules(s, problem_hash=problem_hash))
+        params = _params(s, "ScheduleRecord", [int(_get(r, "id")) for r in recs])
         rows = []
-        for rec in _repo().list_schedules(s, problem_hash=problem_hash):
-            mk = _get(rec, "makespan")
-            rows.append(
-                {
-                    "id": int(_get(rec, "id")),
-                    "problem_hash": _get(rec, "problem_hash"),
-                    "generator": _get(rec, "generator"),
-                    "source": _get(rec, "source", ""),
-                    "makespan_ms": None if mk is None else float(mk) * frames.MS,
-                    "bubble_rate": _get(rec, "bubble_rate"),
-                    "feasible": bool(_get(rec, "feasible")),
-                    "num_offloaded": int(_get(rec, "num_offloaded", 0) or 0),
-                    "created_at": _get(rec, "created_at"),
-                }
-            )
+        for rec in recs:
+            sid = int(_get(rec, "id"))
+            gen = str(_get(rec, "generator"))
+            source = str(_get(rec, "source", "") or "")
+            row = {
+                "id": sid,
+                "produced_by": labels.producer(gen, source, params.get(sid, {})),
+                "problem": problem_labels.get(_get(rec, "problem_hash"), ""),
+                "problem_hash": _get(rec, "problem_hash"),
+                "chunks": chunking.get(_get(rec, "problem_hash"), (1, ""))[0],
+                "placement": chunking.get(_get(rec, "problem_hash"), (1, ""))[1],
+                "generator": gen,
+                "source": source,
+                "makespan": _get(rec, "makespan"),
+                "bubble_rate": _get(rec, "bubble_rate"),
+                "feasible": bool(_get(rec, "feasible")),
+                "num_offloaded": int(_get(rec, "num_offloaded", 0) or 0),
+                "created_at": _get(rec, "created_at"),
+            }
+            row["label"] = labels.schedule_label(row)
+            rows.append(row)
         return pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
 
     return _query(url, q)
-
-
-def schedule_label(row: Any) -> str:
-    mk = row.makespan_ms
-    mk_s = "–" if mk is None or pd.isna(mk) else f"{mk:.2f} ms"
-    fits = "" if row.feasible else ", infeasible"
-    return f"#{row.id} {row.generator} · {mk_s}{fits} · problem {str(row.problem_hash)[:8]}"
-
-
-def problem_label(row: Any) -> str:
-    name = f"{row.name} · " if row.name else ""
-    return f"{name}p={row.stages} m={row.microbatches} v={row.chunks} · {str(row.hash)[:8]}"
 
 
 @st.cache_data(ttl=STATIC_TTL, show_spinner=False)
@@ -248,7 +249,7 @@ def problem(url: str, problem_hash: str) -> Problem:
         pb = _repo().get_problem(s, problem_hash)
         if pb is None:
             raise DataUnavailable(f"no problem {problem_hash} in the database")
-        return _problem_of(pb)
+        return pb
 
     return _query(url, q)
 
@@ -258,7 +259,7 @@ def schedule(url: str, schedule_id: int) -> tuple[Problem, Schedule]:
     """A stored schedule and its problem (the problem embedded in the schedule)."""
 
     def q(s: Any) -> tuple[Problem, Schedule]:
-        sc = _schedule_of(_repo().get_schedule(s, schedule_id))
+        sc: Schedule = _repo().get_schedule(s, schedule_id)
         if sc.problem is None:
             raise DataUnavailable(
                 f"schedule {schedule_id} refers to problem {sc.problem_hash}, which is not stored"
@@ -270,26 +271,33 @@ def schedule(url: str, schedule_id: int) -> tuple[Problem, Schedule]:
 
 @st.cache_data(ttl=STATIC_TTL, show_spinner=False, max_entries=32)
 def simulated(url: str, schedule_id: int) -> dict[str, Any]:
-    """The simulator's view of a stored schedule: timeline, idle, memory frames and summary."""
+    """The simulator's view of a stored schedule, in display units: timeline, per-stage busy
+    strips and idle time, memory curves, peaks, summary (seconds and bytes)."""
     pb, sc = schedule(url, schedule_id)
     sim = frames.simulate_schedule(pb, sc)
-    tl = frames.timeline_frame(sim)
-    makespan_ms = (sim.makespan or 0.0) * frames.MS
-    unit = frames.memory_unit(pb, sim)
+    tu = frames.schedule_time_unit(sim)
+    tl = frames.timeline_frame(sim, tu)
+    makespan = (sim.makespan or 0.0) / tu.scale
+    mu = frames.memory_unit(pb, sim)
     limits = pb.memory_limits()
     peaks = pd.DataFrame(
         {
             "stage": list(range(pb.num_stages)),
-            "peak": [c.peak / unit.scale for c in sim.memory] or [0.0] * pb.num_stages,
-            "limit": [None if x is None else x / unit.scale for x in limits],
+            "peak": [c.peak / mu.scale for c in sim.memory] or [0.0] * pb.num_stages,
+            "limit": [None if x is None else x / mu.scale for x in limits],
         }
     )
     return {
         "timeline": tl,
-        "idle": frames.idle_frame(tl, makespan_ms) if len(tl) else pd.DataFrame(),
-        "memory": frames.memory_frame(pb, sim, unit),
+        "busy": frames.busy_frame(tl, makespan),
+        "idle": frames.idle_frame(tl, makespan) if len(tl) else pd.DataFrame(),
+        "memory": frames.memory_frame(pb, sim, mu, tu),
         "peaks": peaks,
-        "unit": unit.name,
+        "peak_bytes": [c.peak for c in sim.memory],
+        "limit_bytes": limits,
+        "time_unit": tu.name,
+        "time_scale": tu.scale,
+        "unit": mu.name,
         "summary": frames.schedule_summary(sc.generator, pb, sim),
         "violations": [v.message for v in sim.evaluation.violations],
     }
@@ -311,18 +319,17 @@ def schedule_json(url: str, schedule_id: int) -> str:
 
 @st.cache_data(ttl=STATIC_TTL, show_spinner="generating the baseline schedules...")
 def baseline_makespans(url: str, problem_hash: str) -> dict[str, float]:
-    """Makespan (ms) of every feasible baseline on the problem: stored ones, else generated now."""
+    """Makespan (seconds) of every feasible baseline on the problem: stored ones, else generated
+    now by ``schedule.baselines``."""
     out: dict[str, float] = {}
     table = schedules(url, problem_hash)
     stored = set(table[table["source"] == "baseline"]["generator"])
     for r in table.itertuples():
-        if r.source == "baseline" and r.feasible and r.makespan_ms is not None:
+        if r.source == "baseline" and r.feasible and pd.notna(r.makespan):
             prev = out.get(r.generator)
-            out[r.generator] = r.makespan_ms if prev is None else min(prev, r.makespan_ms)
-    try:
-        from optpipe_lightning.schedule.baselines import BASELINE_NAMES, generate
-    except ImportError:
-        return out
+            out[r.generator] = r.makespan if prev is None else min(prev, r.makespan)
+    from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+
     missing = [n for n in BASELINE_NAMES if n not in stored]
     if not missing:
         return out
@@ -330,80 +337,86 @@ def baseline_makespans(url: str, problem_hash: str) -> dict[str, float]:
     for name in missing:
         try:
             sc = generate(name, pb)
-        except Exception:  # not applicable here, or a generator still being written
+        except NotApplicable:
             continue
         ev = sc.evaluation
         if ev is not None and ev.feasible and ev.makespan is not None:
-            out[name] = ev.makespan * frames.MS
+            out[name] = ev.makespan
     return out
 
 
 # ---- solver runs --------------------------------------------------------------------------------
 
-
 SOLVER_RUN_COLUMNS = [
     "id",
+    "label",
+    "problem",
     "problem_hash",
     "backend",
     "status",
     "started_at",
     "finished_at",
-    "makespan_ms",
-    "lower_bound_ms",
+    "time_limit",
+    "makespan",
+    "lower_bound",
     "schedule_id",
     "events",
 ]
 
 
-def _ms(x: Any) -> float | None:
-    return None if x is None else float(x) * frames.MS
-
-
 @st.cache_data(ttl=1, show_spinner=False)
 def solver_runs(url: str, problem_hash: str | None = None) -> pd.DataFrame:
+    """Solver runs, running ones first (newest first), then the others newest first."""
+    problem_labels = dict(zip(problems(url)["hash"], problems(url)["label"], strict=True))
+
     def q(s: Any) -> pd.DataFrame:
-        rows = [
-            {
-                "id": int(_get(r, "id")),
+        recs = list(_repo().list_solver_runs(s, problem_hash=problem_hash))
+        params = _params(s, "SolverRunRecord", [int(_get(r, "id")) for r in recs])
+        rows = []
+        for r in recs:
+            rid = int(_get(r, "id"))
+            limit = params.get(rid, {}).get("time_limit")
+            row = {
+                "id": rid,
+                "problem": problem_labels.get(_get(r, "problem_hash"), ""),
                 "problem_hash": _get(r, "problem_hash"),
                 "backend": _get(r, "backend", ""),
                 "status": _get(r, "status", ""),
                 "started_at": _get(r, "started_at"),
                 "finished_at": _get(r, "finished_at"),
-                "makespan_ms": _ms(_get(r, "makespan")),
-                "lower_bound_ms": _ms(_get(r, "lower_bound")),
+                "time_limit": float(limit) if isinstance(limit, int | float) else None,
+                "makespan": _get(r, "makespan"),
+                "lower_bound": _get(r, "lower_bound"),
                 "schedule_id": _get(r, "schedule_id"),
                 "events": _get(r, "num_events"),
             }
-            for r in _repo().list_solver_runs(s, problem_hash=problem_hash)
-        ]
-        return pd.DataFrame(rows, columns=SOLVER_RUN_COLUMNS)
+            row["label"] = labels.solver_run_label(row)
+            rows.append(row)
+        df = pd.DataFrame(rows, columns=SOLVER_RUN_COLUMNS)
+        if df.empty:
+            return df
+        running = (df["status"] == "running").astype(int)
+        order = sorted(range(len(df)), key=lambda i: (-running.iloc[i], i))
+        return df.iloc[order].reset_index(drop=True)
 
     return _query(url, q)
 
 
-def solver_events(url: str, run_id: int) -> pd.DataFrame:
-    """Progress of a solver run in long form (uncached: the run may be writing right now)."""
-    return _query(url, lambda s: frames.solver_frame(list(_repo().solver_events(s, run_id))))
+def solver_events(url: str, run_id: int) -> list[tuple[float, float | None, float | None]]:
+    """(wall_time, makespan, bound) of a run in time order (uncached: it may be writing now)."""
+    return _query(
+        url,
+        lambda s: [
+            (float(e.wall_time), e.makespan, e.bound) for e in _repo().solver_events(s, run_id)
+        ],
+    )
 
 
 # ---- profiles -------------------------------------------------------------------------------------
 
-
-def _profile_of(obj: Any) -> Profile:
-    if isinstance(obj, Profile):
-        return obj
-    for attr in ("profile", "data"):
-        val = _get(obj, attr)
-        if isinstance(val, Profile):
-            return val
-        if isinstance(val, str | bytes):
-            return Profile.model_validate_json(val)
-    raise TypeError(f"not a profile: {type(obj).__name__}")
-
-
 PROFILE_COLUMNS = [
     "id",
+    "label",
     "model",
     "device",
     "devices",
@@ -421,8 +434,9 @@ def profiles(url: str) -> pd.DataFrame:
     """Stored profiles, newest first: id, model, device kind and count, shape, when measured."""
 
     def q(s: Any) -> pd.DataFrame:
-        rows = [
-            {
+        rows = []
+        for r in _repo().list_profiles(s):
+            row = {
                 "id": int(_get(r, "id")),
                 "model": _get(r, "model_name") or "",
                 "device": _get(r, "device_kind"),
@@ -434,8 +448,8 @@ def profiles(url: str) -> pd.DataFrame:
                 "torch": _get(r, "torch_version"),
                 "measured_at": _get(r, "measured_at"),
             }
-            for r in _repo().list_profiles(s)
-        ]
+            row["label"] = labels.profile_label(row)
+            rows.append(row)
         return pd.DataFrame(rows, columns=PROFILE_COLUMNS)
 
     return _query(url, q)
@@ -443,18 +457,18 @@ def profiles(url: str) -> pd.DataFrame:
 
 @st.cache_data(ttl=STATIC_TTL, show_spinner=False, max_entries=64)
 def profile(url: str, profile_id: int) -> Profile:
-    return _query(url, lambda s: _profile_of(_repo().get_profile(s, profile_id)))
+    return _query(url, lambda s: _repo().get_profile(s, profile_id))
 
 
 def hardware_frame(profs: list[Profile]) -> pd.DataFrame:
-    """One row per distinct hardware fingerprint."""
+    """One row per distinct hardware fingerprint (device memory in GB)."""
     rows = {}
     for pr in profs:
         hw = pr.hardware
         rows[hw.key] = {
             "device": hw.device_kind,
             "devices": hw.device_count,
-            "memory_GiB": round(hw.device_memory / 2**30, 1),
+            "memory (GB)": round(hw.device_memory / 1e9, 1),
             "interconnect": hw.interconnect,
             "torch": hw.torch_version,
             "host": hw.hostname or "",
@@ -483,6 +497,7 @@ def models_frame(profs: list[Profile]) -> pd.DataFrame:
 
 TRAINING_RUN_COLUMNS = [
     "id",
+    "label",
     "model",
     "device",
     "status",
@@ -495,9 +510,12 @@ TRAINING_RUN_COLUMNS = [
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
 def training_runs(url: str) -> pd.DataFrame:
+    """Training runs, newest first, with the status as stored."""
+
     def q(s: Any) -> pd.DataFrame:
-        rows = [
-            {
+        rows = []
+        for r in _repo().list_training_runs(s):
+            row = {
                 "id": int(_get(r, "id")),
                 "model": _get(r, "model_name") or "",
                 "device": _get(r, "device_kind") or "",
@@ -507,46 +525,29 @@ def training_runs(url: str) -> pd.DataFrame:
                 "finished_at": _get(r, "finished_at"),
                 "config": json.dumps(_get(r, "config", {}) or {}, default=str),
             }
-            for r in _repo().list_training_runs(s)
-        ]
+            row["label"] = labels.training_run_label(row)
+            rows.append(row)
         return pd.DataFrame(rows, columns=TRAINING_RUN_COLUMNS)
 
     return _query(url, q)
 
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
-def training(url: str, run_id: int) -> dict[str, pd.DataFrame]:
-    """Steps (long form measured / predicted), switches and per-rank peak memory of a run."""
+def training(url: str, run_id: int) -> dict[str, Any]:
+    """Everything the Training page shows of a run, as rows (``training_frames`` shapes them):
+    steps, switches, calibrations, metrics, and the run's detail (limits, device memory)."""
+    schedule_labels = dict(zip(schedules(url)["id"], schedules(url)["produced_by"], strict=True))
 
-    def q(s: Any) -> dict[str, pd.DataFrame]:
+    def q(s: Any) -> dict[str, Any]:
         repo = _repo()
-        steps = list(repo.training_steps(s, run_id))
-        switches = list(repo.schedule_switches(s, run_id))
-        step_rows = [
-            {
-                "step": int(_get(st_, "step")),
-                "step_time": _get(st_, "measured_seconds", _get(st_, "step_time")),
-                "predicted": _get(st_, "predicted_seconds", _get(st_, "predicted")),
-            }
-            for st_ in steps
-        ]
-        mem_rows = [
-            {"step": int(_get(st_, "step")), "rank": r, "bytes": float(b)}
-            for st_ in steps
-            for r, b in enumerate(_get(st_, "peak_memory") or [])
-        ]
-        sw_rows = [
-            {
-                "step": int(_get(w, "step")),
-                "schedule": f"→ #{_get(w, 'to_schedule_id')}",
-                "reason": _get(w, "reason", ""),
-            }
-            for w in switches
-        ]
+        detail = repo.training_run_detail(s, run_id)
         return {
-            "steps": frames.training_frame(step_rows),
-            "switches": pd.DataFrame(sw_rows, columns=["step", "schedule", "reason"]),
-            "memory": pd.DataFrame(mem_rows, columns=["step", "rank", "bytes"]),
+            "steps": [r.to_dict() for r in repo.training_steps(s, run_id)],
+            "switches": [r.to_dict() for r in repo.schedule_switches(s, run_id)],
+            "calibrations": [r.to_dict() for r in repo.training_calibrations(s, run_id)],
+            "metrics": [r.to_dict() for r in repo.training_metrics(s, run_id)],
+            "detail": detail.to_dict(),
+            "schedules": {int(k): str(v) for k, v in schedule_labels.items()},
         }
 
     return _query(url, q)

@@ -1,8 +1,10 @@
 """Start the inspector: ``optpipe inspect`` replaces its process with ``streamlit run app.py``.
 
 The process is replaced (``os.execv``), not wrapped: a wrapper killed by SIGTERM would orphan
-Streamlit, which then ignores SIGTERM once its output pipe is gone. The server listens on
-127.0.0.1 only, sends no usage statistics and watches no files.
+Streamlit, which then ignores SIGTERM once its output pipe is gone. The server (``serve.py``:
+Streamlit's command line with the first page's imports warmed in the background) listens on
+127.0.0.1 only, sends no usage statistics and watches no files. A database of an older schema
+is upgraded once before the read-only server opens it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ def streamlit_command(
     cmd = [
         sys.executable,
         "-m",
-        "streamlit",
-        "run",
+        "optpipe_lightning.inspector.serve",
         str(APP),
         "--server.address",
         "127.0.0.1",
@@ -46,13 +47,24 @@ def streamlit_command(
 
 
 def check_database(db_url: str | None) -> str | None:
-    """None when the database opens read-only, else the one-line reason it does not."""
+    """None when the database opens read-only, else the one-line reason it does not.
+
+    A database of an older schema revision is upgraded first (opened once for writing), since
+    the read-only server cannot read it; a file it cannot write stays an error.
+    """
     from optpipe_lightning.profiles_db import DatabaseError, open_database
 
     try:
         open_database(db_url, read_only=True, create=False).close()
     except DatabaseError as e:
-        return str(e)
+        if "older schema revision" not in str(e):
+            return str(e)
+        try:
+            open_database(db_url, create=False).close()
+            open_database(db_url, read_only=True, create=False).close()
+        except DatabaseError as e2:
+            return str(e2)
+        print("optpipe inspect: upgraded the database's schema", file=sys.stderr)
     return None
 
 
@@ -76,7 +88,8 @@ def run_inspector(db_url: str | None, port: int | None, *, open_browser: bool = 
     if problem is not None:
         print(f"optpipe inspect: {problem}", file=sys.stderr)
         return 2
-    cmd = streamlit_command(db_url, port, open_browser=open_browser)
+    # a port of our own choosing (not Streamlit's 8501): the server's warm-up waits on it
+    cmd = streamlit_command(db_url, port or free_port(), open_browser=open_browser)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(cmd[0], cmd)

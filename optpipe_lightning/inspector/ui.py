@@ -1,14 +1,16 @@
 """Page helpers shared by the views: the database URL, error messages, pickers, chart output.
 
 A page never shows a traceback for the database's state: ``load`` turns a missing file, an empty
-database or one being written into one clear message and stops the page.
+database or one being written into one clear message and stops the page. Pickers mirror their
+choice in a query parameter (links open the same view) and say so when a link names something
+the database does not hold.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -16,6 +18,7 @@ import streamlit as st
 
 from optpipe_lightning.inspector import data
 from optpipe_lightning.inspector.charts import AnyChart
+from optpipe_lightning.schedule.units import format_bytes, format_seconds
 
 T = TypeVar("T")
 ENV_VAR = "OPTPIPE_DB_URL"
@@ -67,51 +70,88 @@ def chart(c: AnyChart, *, key: str | None = None) -> None:
     st.altair_chart(c, theme=None, key=key)
 
 
-def _query_int(name: str) -> int | None:
-    raw = st.query_params.get(name)
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None
+def pick(
+    what: str,
+    options: Sequence[Hashable],
+    labels: Sequence[str],
+    *,
+    key: str,
+    param: str | None = None,
+    default: int = 0,
+    parse: Callable[[str], Hashable] = int,
+) -> Any:
+    """A selectbox (widget ``key``) over ``options`` mirrored in the ``?param=`` query
+    parameter (``key`` when not given).
+
+    A link that names an option the database does not hold gets a notice and the default.
+    """
+    param = param or key
+    names = dict(zip(options, labels, strict=True))
+    raw = st.query_params.get(param)
+    wanted: Hashable | None = None
+    if raw is not None:
+        try:
+            wanted = parse(raw)
+        except ValueError:
+            wanted = None
+        if wanted not in names:
+            st.warning(
+                f"No {what} {raw!r} in this database (from the link): showing "
+                f"{names[options[default]]} instead.",
+                icon="🔎",
+            )
+    index = list(options).index(wanted) if wanted in names else default
+    chosen = st.selectbox(what, options, index=index, format_func=lambda i: names[i], key=key)
+    st.query_params[param] = str(chosen)
+    return chosen
 
 
-def pick_schedule(url: str, *, label: str = "schedule", key: str = "schedule") -> int:
-    """A schedule picker (mirrored in the ``?schedule=ID`` query parameter); its id."""
+def pick_schedule(url: str, *, key: str = "schedule") -> int:
+    """A schedule picker (mirrored in ``?schedule=ID``); its id."""
     table = load(data.schedules, url)
     if table.empty:
         empty(
             "No schedules in this database yet. Store some with "
-            "`optpipe solve PROBLEM.json --db URL` or `optpipe compare PROBLEM.json --db URL`."
+            "`optpipe solve PROBLEM.json --db URL`, or see a demo with `optpipe inspect --demo`."
         )
-    ids = [int(x) for x in table["id"]]
-    labels = {int(r.id): data.schedule_label(r) for r in table.itertuples()}
-    wanted = _query_int(key)
-    index = ids.index(wanted) if wanted in ids else 0
-    chosen = st.selectbox(label, ids, index=index, format_func=lambda i: labels[i], key=key)
-    st.query_params[key] = str(chosen)
-    return int(chosen)
+    labels = [f"{r.label} · {r.problem}" for r in table.itertuples()]
+    return int(pick("schedule", [int(x) for x in table["id"]], labels, key=key))
 
 
 def pick_problem(url: str, *, key: str = "problem") -> str:
-    """A problem picker (mirrored in ``?problem=HASH``); its hash."""
+    """A problem picker (mirrored in ``?problem=HASH``); its hash, shown a click away."""
     table = load(data.problems, url)
     if table.empty:
         empty("No problems in this database yet. `optpipe solve PROBLEM.json --db URL` stores one.")
-    hashes = list(table["hash"])
-    labels = {r.hash: data.problem_label(r) for r in table.itertuples()}
-    wanted = st.query_params.get(key)
-    index = hashes.index(wanted) if wanted in hashes else 0
-    chosen = st.selectbox("problem", hashes, index=index, format_func=lambda h: labels[h], key=key)
-    st.query_params[key] = chosen
-    return str(chosen)
+    chosen = str(pick("problem", list(table["hash"]), list(table["label"]), key=key, parse=str))
+    problem_details(url, chosen)
+    return chosen
+
+
+def problem_details(url: str, problem_hash: str) -> None:
+    """The problem's hash, shape and JSON behind a popover."""
+    with st.popover("problem details"):
+        table = load(data.problems, url)
+        row = table[table["hash"] == problem_hash]
+        if len(row):
+            from optpipe_lightning.inspector.labels import problem_shape
+
+            st.markdown(f"**{problem_shape(row.iloc[0])}**")
+        st.code(problem_hash, language=None)
+        pb = load(data.problem, url, problem_hash)
+        st.json(pb.model_dump(mode="json", exclude_none=True), expanded=False)
 
 
 def dataframe(df: pd.DataFrame, **kwargs: Any) -> None:
     st.dataframe(df, hide_index=True, **kwargs)
 
 
-def fmt_ms(x: float | None) -> str:
-    return "–" if x is None or pd.isna(x) else f"{x:.3f} ms"
+def fmt_s(x: float | None) -> str:
+    return format_seconds(None if x is None or pd.isna(x) else float(x), none="–")
+
+
+def fmt_bytes(x: float | None) -> str:
+    return format_bytes(None if x is None or pd.isna(x) else float(x), none="–")
 
 
 def fmt_pct(x: float | None) -> str:
@@ -121,16 +161,16 @@ def fmt_pct(x: float | None) -> str:
 MAX_BARS = 30_000  # above this a timeline is drawn one time window at a time
 
 
-def windowed(timeline: pd.DataFrame, *, key: str) -> pd.DataFrame:
+def windowed(timeline: pd.DataFrame, *, key: str, unit: str) -> pd.DataFrame:
     """The whole timeline, or for very large ones the part in a window the user picks."""
     from optpipe_lightning.inspector.frames import time_window
 
     if len(timeline) <= MAX_BARS:
         return timeline
-    end = float(timeline["end_ms"].max())
+    end = float(timeline["end"].max())
     share = MAX_BARS / len(timeline)
     lo, hi = st.slider(
-        "time window (ms)",
+        f"time window ({unit})",
         0.0,
         end,
         (0.0, end * share),

@@ -69,6 +69,7 @@ class Base(DeclarativeBase):
         datetime: UTCDateTime(),
         dict[str, Any]: JSON(),
         list[float]: JSON(),
+        list[float] | None: JSON(),
     }
 
 
@@ -209,6 +210,9 @@ class TrainingRunRecord(Base):
     status: Mapped[str] = mapped_column(String(32))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column()
+    memory_limit: Mapped[list[float] | None] = mapped_column(
+        doc="bytes per rank that the rank's measured peak memory is held against (revision 0002)"
+    )
 
 
 class TrainingStepRecord(Base):
@@ -243,6 +247,44 @@ class ScheduleSwitchRecord(Base):
     to_schedule_id: Mapped[int | None] = mapped_column(
         ForeignKey("schedules.id", ondelete="SET NULL")
     )
+    reason: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # revision 0002: the predicted step time of the schedule left and of the one adopted, both on
+    # the costs known at the switch (their difference is the gain the switch was made for)
+    predicted_before: Mapped[float | None] = mapped_column(Float)
+    predicted_after: Mapped[float | None] = mapped_column(Float)
+
+
+class TrainingMetricRecord(Base):
+    """One named number of one optimizer step (revision 0002): ``train_loss``, ``val_loss``,
+    ``samples``, ``tokens`` or any other metric the run logs."""
+
+    __tablename__ = "training_metrics"
+    __table_args__ = (Index("ix_training_metrics_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("training_runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float | None] = mapped_column(Float, doc="None for NaN or infinity")
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrainingCalibrationRecord(Base):
+    """A re-calibration of the costs during training (revision 0002): the running schedule's
+    predicted step time before and after, what the steps measured, and why."""
+
+    __tablename__ = "training_calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("training_runs.id", ondelete="CASCADE"), index=True
+    )
+    step: Mapped[int] = mapped_column(Integer)
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
+    predicted_before: Mapped[float | None] = mapped_column(Float)
+    predicted_after: Mapped[float | None] = mapped_column(Float)
+    measured_seconds: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)
     recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -52,6 +52,8 @@ from .models import (
     ScheduleSwitchRecord,
     SolverEventRecord,
     SolverRunRecord,
+    TrainingCalibrationRecord,
+    TrainingMetricRecord,
     TrainingRunRecord,
     TrainingStepRecord,
     utcnow,
@@ -67,6 +69,14 @@ from .rows import (
     StepRow,
     SwitchRow,
     TrainingRunRow,
+)
+from .training_log import (
+    record_calibration,
+    record_memory_limit,
+    record_metrics,
+    training_calibrations,
+    training_metrics,
+    training_run_detail,
 )
 
 __all__ = [
@@ -85,6 +95,9 @@ __all__ = [
     "list_solver_runs",
     "list_training_runs",
     "prune",
+    "record_calibration",
+    "record_memory_limit",
+    "record_metrics",
     "record_step",
     "record_switch",
     "schedule_switches",
@@ -94,6 +107,9 @@ __all__ = [
     "store_problem",
     "store_profile",
     "store_schedule",
+    "training_calibrations",
+    "training_metrics",
+    "training_run_detail",
     "training_steps",
 ]
 
@@ -622,7 +638,11 @@ def record_switch(
     from_schedule_id: int | None,
     to_schedule_id: int,
     reason: str,
+    predicted_before: float | None = None,
+    predicted_after: float | None = None,
 ) -> None:
+    """A schedule switch; ``predicted_before`` / ``predicted_after`` are the predicted step
+    times (seconds) of the schedule left and of the one adopted, on the costs of that moment."""
     s.add(
         ScheduleSwitchRecord(
             run_id=run_id,
@@ -630,6 +650,8 @@ def record_switch(
             from_schedule_id=from_schedule_id,
             to_schedule_id=to_schedule_id,
             reason=reason,
+            predicted_before=predicted_before,
+            predicted_after=predicted_after,
         )
     )
     s.flush()
@@ -706,6 +728,8 @@ def schedule_switches(s: Session, run_id: int) -> list[SwitchRow]:
             to_schedule_id=r.to_schedule_id,
             reason=r.reason,
             recorded_at=r.recorded_at,
+            predicted_before=r.predicted_before,
+            predicted_after=r.predicted_after,
         )
         for r in s.scalars(q)
     ]
@@ -728,7 +752,7 @@ def prune(
     - schedules (when ``keep_schedules`` is given): all but the best ``keep_schedules`` per
       problem, except schedules a solver run, a training step or a switch refers to;
     - runs (when ``older_than_seconds`` is given): finished solver and training runs started
-      longer ago than that, with their events, steps and switches.
+      longer ago than that, with their events, steps, switches, metrics and calibrations.
     """
     if keep_profiles < 1:
         raise ValueError("keep_profiles must be >= 1 (the newest profile is what lookups reuse)")
@@ -775,6 +799,11 @@ def prune(
             (TrainingStepRecord.schedule_id, TrainingStepRecord.run_id, drop_training),
             (ScheduleSwitchRecord.from_schedule_id, ScheduleSwitchRecord.run_id, drop_training),
             (ScheduleSwitchRecord.to_schedule_id, ScheduleSwitchRecord.run_id, drop_training),
+            (
+                TrainingCalibrationRecord.schedule_id,
+                TrainingCalibrationRecord.run_id,
+                drop_training,
+            ),
         ):
             q = select(col).where(col.is_not(None))
             if gone:
@@ -800,6 +829,8 @@ def prune(
         _delete_in(s, SolverRunRecord, SolverRunRecord.id, drop_runs)
         _delete_in(s, TrainingStepRecord, TrainingStepRecord.run_id, drop_training)
         _delete_in(s, ScheduleSwitchRecord, ScheduleSwitchRecord.run_id, drop_training)
+        _delete_in(s, TrainingMetricRecord, TrainingMetricRecord.run_id, drop_training)
+        _delete_in(s, TrainingCalibrationRecord, TrainingCalibrationRecord.run_id, drop_training)
         _delete_in(s, TrainingRunRecord, TrainingRunRecord.id, drop_training)
         _delete_in(s, ProfileRecord, ProfileRecord.id, drop_profiles)
         _delete_in(s, ScheduleRecord, ScheduleRecord.id, drop_schedules)

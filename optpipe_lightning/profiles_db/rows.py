@@ -117,6 +117,8 @@ class SwitchRow(_Row):
     to_schedule_id: int | None
     reason: str
     recorded_at: datetime
+    predicted_before: float | None = None  # seconds per step of the schedule left
+    predicted_after: float | None = None  # ... and of the one adopted
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +128,35 @@ class PruneReport(_Row):
     solver_runs: int
     training_runs: int
     dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRow(_Row):
+    step: int
+    name: str  # "train_loss", "val_loss", "samples", "tokens", or any other logged name
+    value: float | None  # None when the run logged NaN or infinity
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRow(_Row):
+    step: int
+    schedule_id: int | None  # the schedule running when the costs were re-estimated
+    predicted_before: float | None  # its predicted step time on the old costs, seconds
+    predicted_after: float | None  # ... and on the re-calibrated costs
+    measured_seconds: float | None  # what its steps measured
+    reason: str
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRunDetail(_Row):
+    id: int
+    status: str
+    device_kind: str
+    device_count: int
+    device_memory: int  # bytes of one device (the hardware fingerprint)
+    memory_limit: tuple[float, ...] | None  # bytes per rank the run's peaks are held against
+    config: dict[str, Any]
+    started_at: datetime
+    finished_at: datetime | None

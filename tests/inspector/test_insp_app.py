@@ -1,4 +1,5 @@
-"""Every inspector page under Streamlit's AppTest, on a database the tests fill.
+"""Every inspector page under Streamlit's AppTest, on the demo database (real baselines, solver
+runs and a recorded training run).
 
 Charts are checked through their Vega-Lite specs and the Arrow data the page sends, not only for
 existence; database states (missing, empty, not a database, written while open) must give a
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +22,18 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 import optpipe_lightning.inspector as inspector
+from optpipe_lightning.demo import DemoDatabase
 from optpipe_lightning.inspector import data
 from optpipe_lightning.inspector.chrome_trace import chrome_trace
-from optpipe_lightning.inspector.demo import demo_problem, fill_database, greedy_schedule
 from optpipe_lightning.profiles_db import open_database, repository
+from optpipe_lightning.profiles_db.models import SolverEventRecord, SolverRunRecord
+from optpipe_lightning.schedule import Problem, Schedule
+from optpipe_lightning.schedule.baselines import generate
+from optpipe_lightning.schedule.units import format_seconds
 
 APP = Path(inspector.__file__).parent / "app.py"
-
-
-@pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('insp') / 'optpipe.db'}"
-    return url, fill_database(url, running_solver=True, baselines=False)
+# a schedule that offloads whatever the machine's speed (a baseline, not a timed solve)
+OFFLOADING = ("gpt-4x8x2", "adaoffload")
 
 
 @pytest.fixture(autouse=True)
@@ -68,185 +70,241 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
-def test_overview_counts_and_search(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, _ = filled
-    at = page(url, "overview", monkeypatch)
-    assert metrics(at) == {
-        "problems": "2",
-        "schedules": "4",
-        "profiles": "1",
-        "solver runs": "2",
-        "training runs": "1",
-    }
-    tables = {tuple(df.value.columns[:3]): df.value for df in at.dataframe}
-    sched = next(v for k, v in tables.items() if k == ("id", "problem_hash", "generator"))
-    assert sorted(sched["generator"]) == ["greedy", "greedy", "greedy-offload", "greedy-offload"]
-    assert all(link.startswith("timeline?schedule=") for link in sched["timeline"])
-    hw = next(v for v in tables.values() if "interconnect" in v.columns)
-    assert hw.iloc[0]["device"] == "NVIDIA H100 80GB HBM3" and hw.iloc[0]["memory_GiB"] == 80.0
-    at.text_input[0].input("greedy-offload").run()
-    sched = next(df.value for df in at.dataframe if "generator" in df.value.columns)
-    assert sorted(sched["generator"]) == ["greedy-offload", "greedy-offload"]
-
-
-def test_timeline_page(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, info = filled
-    sid = info["schedules"][(2, "greedy-offload")]
-    at = page(url, "timeline", monkeypatch, schedule=str(sid))
-    pb_sc = repository_schedule(url, sid)
-    ev = pb_sc.evaluation
-    assert metrics(at)["makespan"] == f"{ev.makespan * 1e3:.3f} ms"
-    assert metrics(at)["offloaded activations"] == str(ev.num_offloaded)
-    ((spec, (df,)),) = vega(at)
-    bars = spec["layer"][0]
-    assert bars["mark"]["type"] == "bar"
-    assert bars["encoding"]["yOffset"]["field"] == "lane"
-    assert spec["params"][0]["bind"] == "scales"
-    assert len(df) == sum(len(r) for r in pb_sc.actions) == 4 * 8 * 2 * 3 + 2 * 4 * 4 * 2
-    assert df["end_ms"].max() == pytest.approx(ev.makespan * 1e3)
-    assert (df[df.kind.isin(["OFFLOAD", "RELOAD"])]["lane"] == "copy").all()
-    idle = next(d.value for d in at.dataframe if "idle_ms" in d.value.columns)
-    assert len(idle) == 4 and (idle["idle_ms"] >= 0).all()
-    # the picker and the query parameter follow each other
-    other = info["schedules"][(1, "greedy")]
-    at.selectbox(key="schedule").select(other).run()
-    assert at.query_params["schedule"] == str(other)
-    ((_, (df2,)),) = vega(at)
-    assert len(df2) == 4 * 8 * 3 and set(df2["lane"]) == {"compute"}
-
-
-def repository_schedule(url: str, sid: int):  # type: ignore[no-untyped-def]
+def stored(url: str, sid: int) -> Schedule:
     with open_database(url, read_only=True) as db, db.session() as s:
         return repository.get_schedule(s, sid)
 
 
-def test_memory_page(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, info = filled
-    sid = info["schedules"][(1, "greedy-offload")]
-    at = page(url, "memory", monkeypatch, schedule=str(sid))
-    sc = repository_schedule(url, sid)
+def table_with(at: AppTest, column: str) -> pd.DataFrame:
+    return next(df.value for df in at.dataframe if column in df.value.columns)
+
+
+def test_overview_lists_and_searches(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    at = page(demo_db.url, "overview", monkeypatch)
+    assert metrics(at) == {
+        "problems": "3",
+        "schedules": str(len(set(demo_db.schedules.values()))),
+        "profiles": "2",
+        "solver runs": "4",
+        "training runs": "1",
+    }
+    sched = table_with(at, "produced_by")
+    assert all(link.startswith("timeline?schedule=") for link in sched["timeline"])
+    # the two solves of one problem are told apart by what produced them
+    solved = sched[sched["produced_by"].str.startswith("optpipe")]["produced_by"].tolist()
+    assert any("heuristic" in x for x in solved) and any("cpsat" in x for x in solved)
+    problems = table_with(at, "label")
+    assert "4x8 · limit 2 B · offload" in set(problems["label"])  # no name: its shape
+    # issue 27: any query crashed once a training run was stored
+    for query in ("finished", "cpsat", demo_db.problems["gpt-4x8"][:6], "gpt-1.5b", "zzz"):
+        at.text_input[0].input(query).run()
+        assert not at.exception, query
+    at.text_input[0].input("finished").run()
+    assert len(table_with(at, "steps")) == 1  # the training run, by its status
+    at.text_input[0].input("cpsat").run()
+    assert table_with(at, "produced_by")["produced_by"].str.contains("cpsat").all()
+    at.text_input[0].input("zzz").run()
+    assert any("nothing matches" in c.value for c in at.caption)
+
+
+def test_timeline_page(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    sid = demo_db.schedules[OFFLOADING]
+    at = page(demo_db.url, "timeline", monkeypatch, schedule=str(sid))
+    sc = stored(demo_db.url, sid)
+    ev = sc.evaluation
+    assert metrics(at)["makespan"] == format_seconds(ev.makespan)
+    assert metrics(at)["offloaded activations"] == str(ev.num_offloaded)
+    (busy_spec, (busy,)), (spec, (df, *_)) = vega(at)
+    assert busy_spec["mark"]["type"] == "rect" and busy["device"].nunique() == 4
+    bars = spec["layer"][0]
+    assert bars["mark"]["type"] == "bar"
+    assert bars["encoding"]["yOffset"]["field"] == "lane"
+    assert spec["params"][0]["bind"] == "scales"
+    assert len(df) == sum(len(r) for r in sc.actions)
+    assert df["end"].max() == pytest.approx(ev.makespan * 1e3)  # in ms
+    assert set(df[df.kind == "OFFLOAD"]["lane"]) == {"device → host"}
+    assert set(df[df.kind == "RELOAD"]["lane"]) == {"host → device"}
+    assert "BW" not in bars["encoding"]["color"]["scale"]["domain"]
+    idle = table_with(at, "idle_fraction")
+    assert len(idle) == 4 and (idle["idle"] >= 0).all()
+    # the picker and the query parameter follow each other
+    other = demo_db.schedules[("gpt-4x8", "1f1b")]
+    at.selectbox(key="schedule").select(other).run()
+    assert at.query_params["schedule"] == str(other)
+    (_, (df2, *_)) = vega(at)[1]
+    assert set(df2["lane"]) == {"compute"}
+
+
+def test_unit_costs_read_in_seconds(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    sid = demo_db.schedules[("unit-4x8", "optpipe/auto")]
+    at = page(demo_db.url, "timeline", monkeypatch, schedule=str(sid))
+    assert metrics(at)["makespan"].endswith(" s")
+    (_, (df, *_)) = vega(at)[1]
+    assert vega(at)[1][0]["layer"][0]["encoding"]["x"]["title"] == "time (s)"
+    assert df["end"].max() == pytest.approx(stored(demo_db.url, sid).evaluation.makespan)
+
+
+def test_unknown_ids_get_a_notice(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    at = page(demo_db.url, "timeline", monkeypatch, schedule="9999")
+    (warning,) = at.warning
+    assert "No schedule '9999' in this database" in warning.value
+    assert at.query_params["schedule"] != "9999"
+    at = page(demo_db.url, "compare", monkeypatch, problem="feedbeef")
+    assert "No problem 'feedbeef'" in at.warning[0].value
+
+
+def test_memory_page(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    sid = demo_db.schedules[OFFLOADING]
+    at = page(demo_db.url, "memory", monkeypatch, schedule=str(sid))
+    sc = stored(demo_db.url, sid)
     assert sc.problem is not None
     (mem_spec, (mem,)), (_peak_spec, (peaks,)) = vega(at)
     assert mem_spec["facet"]["field"] == "device"
     assert [layer["mark"]["type"] for layer in mem_spec["spec"]["layer"]] == [
-        "line",
         "rule",
+        "line",
         "point",
         "point",
     ]
     assert set(mem["series"]) == {"on device", "offloaded"}
-    scale = 2**30  # GiB for this problem
-    got = mem[mem.is_peak].sort_values("device")["value"].to_numpy() * scale
+    got = mem[mem.is_peak].sort_values("device")["value"].to_numpy() * 1e9  # GB
     assert got == pytest.approx(sc.evaluation.peak_memory)
-    assert peaks["peak"].to_numpy() * scale == pytest.approx(sc.evaluation.peak_memory)
-    assert peaks["limit"].to_numpy() * scale == pytest.approx(sc.problem.memory_limits())
-    assert metrics(at)["fits the memory limit"] == ("yes" if sc.evaluation.feasible else "no")
-
-
-def test_solver_page_finished_run(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, info = filled
-    at = page(url, "solver", monkeypatch, run=str(info["solver_run"]))
+    assert peaks["peak"].to_numpy() * 1e9 == pytest.approx(sc.evaluation.peak_memory)
+    assert peaks["limit"].to_numpy() * 1e9 == pytest.approx(sc.problem.memory_limits())
     m = metrics(at)
-    events = info["solver_events"]
-    assert m["status"] == "feasible"
-    assert m["incumbent"] == f"{events[-1][1] * 1e3:.3f} ms"
-    assert m["gap"] == f"{(events[-1][1] - events[-1][2]) / events[-1][1]:.1%}"
+    assert m["highest peak"].endswith(" GB") and "e+" not in m["highest peak"]
+    assert m["fits the memory limit"] == ("yes" if sc.evaluation.feasible else "no")
+
+
+def test_solver_page_draws_the_whole_solve(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    run_id = demo_db.solver_runs[("gpt-4x8", "cpsat")]
+    at = page(demo_db.url, "solver", monkeypatch, run=str(run_id))
+    with open_database(demo_db.url, read_only=True) as db, db.session() as s:
+        run = repository.get_solver_run(s, run_id)
+        events = repository.solver_events(s, run_id)
+    m = metrics(at)
+    assert m["status"] == run.status
+    assert m["incumbent"] == format_seconds(run.makespan)
+    assert m["solved in (limit 1 s)"] == format_seconds(
+        (run.finished_at - run.started_at).total_seconds()
+    )
     ((spec, dfs),) = vega(at)
     prog = dfs[0]
-    assert len(prog) == 2 * len(events)
-    inc = prog[prog.series == "incumbent"].sort_values("wall_time")
-    assert inc["makespan_ms"].to_numpy() == pytest.approx([e[1] * 1e3 for e in events])
-    assert spec["layer"][0]["mark"]["interpolate"] == "step-after"
-    if len(dfs) > 1:  # baselines generated for the problem (when the generators are installed)
-        from optpipe_lightning.schedule.baselines import BASELINE_NAMES
+    end = (run.finished_at - run.started_at).total_seconds()
+    # the lines reach the end of the solve, not the last improvement
+    assert prog["wall_time"].max() == pytest.approx(max(end, events[-1].wall_time))
+    x_domain = spec["layer"][0]["encoding"]["x"]["scale"]["domain"]
+    assert x_domain[1] >= max(end, 1.0)  # the time limit (1 s) is on the axis too
+    lo, hi = spec["layer"][0]["encoding"]["y"]["scale"]["domain"]
+    values = prog["makespan"]
+    assert lo <= values.min() and hi >= values.max()
+    assert hi - lo < 1.3 * (values.max() - values.min()) + 1e-9  # baselines never stretch it
+    texts = [d for d in dfs if "what" in d.columns]
+    assert any("end" in w for d in texts for w in d["what"])
 
-        assert set(dfs[1]["baseline"]) <= set(BASELINE_NAMES)
 
-
-def test_solver_page_running_run_shows_new_events(
-    filled: tuple, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url, info = filled
-    run = info["running_solver_run"]
-    at = page(url, "solver", monkeypatch, run=str(run))
-    assert metrics(at)["status"] == "running"
-    assert any("refreshes every" in c.value for c in at.caption)
-    ((_, dfs),) = vega(at)
-    assert len(dfs[0]) == 2
+def _start_run(url: str, problem_hash: str, *, ago: float, limit: float = 60.0) -> int:
     with open_database(url) as db, db.session() as s:
-        from optpipe_lightning.profiles_db.models import SolverEventRecord
-
-        s.add(SolverEventRecord(run_id=run, wall_time=1.7, makespan=0.52, bound=0.49))
-    at.run()  # what the fragment's timer does in the browser
-    ((_, dfs),) = vega(at)
-    assert len(dfs[0]) == 4
-    assert metrics(at)["incumbent"] == "520.000 ms"
+        run = repository.start_solver_run(s, problem_hash, "cpsat", {"time_limit": limit})
+        rec = s.get(SolverRunRecord, run)
+        rec.started_at = data.now() - timedelta(seconds=ago)
+        s.add(SolverEventRecord(run_id=run, wall_time=0.3, makespan=0.9, bound=0.4))
+    return run
 
 
-def test_compare_page(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, info = filled
-    pb_hash = info["problems"][1]
-    at = page(url, "compare", monkeypatch, problem=pb_hash)
-    summary = next(d.value for d in at.dataframe if "makespan_ms" in d.value.columns)
-    ids = [info["schedules"][(2, n)] for n in ("greedy", "greedy-offload")]
-    expect = {i: repository_schedule(url, i).evaluation for i in ids}
-    assert len(summary) == 2
-    for row in summary.itertuples():
-        sid = int(row.schedule.split()[0][1:])
-        assert row.makespan_ms == pytest.approx(expect[sid].makespan * 1e3)
-        assert row.num_offloaded == expect[sid].num_offloaded
-    (_, (bars,)), (spec, (stacked,)) = vega(at)
-    assert len(bars) == 2
-    assert spec["facet"]["row"]["field"] == "schedule"
-    assert stacked.groupby("schedule").size().sort_values().tolist() == [
-        4 * 8 * 2 * 3,
-        4 * 8 * 2 * 3 + 64,
-    ]
-    at.multiselect(key="compare_ids").unselect(ids[0]).run()
-    assert at.query_params["schedules"] == str(ids[1])
-    (_, (stacked,)) = vega(at)[1]
-    assert stacked["schedule"].nunique() == 1
-
-
-def test_profiles_page(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, _ = filled
-    at = page(url, "profiles", monkeypatch)
+def test_solver_page_follows_a_running_solve(writable_copy: DemoDatabase, monkeypatch: Any) -> None:
+    url = writable_copy.url
+    run = _start_run(url, writable_copy.problems["gpt-4x8"], ago=12.0)
+    at = page(url, "solver", monkeypatch)  # no link: the running run comes first
+    assert at.selectbox(key="solver_run").value == run
     m = metrics(at)
-    assert m["p2p time"] == "0.600 ms" and m["device → host"] == "20.0 GB/s"
+    assert m["status"] == "running"
+    assert float(m["solving for (limit 60 s)"].split()[0]) >= 12.0
+    assert any("follows the run" in c.value for c in at.caption)
+    ((_, dfs),) = vega(at)
+    assert dfs[0]["wall_time"].max() >= 12.0  # drawn to "now"
+    assert len(dfs[0]) == 4  # incumbent and bound: the event and "now"
+    with open_database(url) as db, db.session() as s:
+        s.add(SolverEventRecord(run_id=run, wall_time=1.7, makespan=0.7, bound=0.45))
+    st.cache_data.clear()
+    at.run()  # what the fragment's timer does in the browser
+    assert metrics(at)["incumbent"] == "700.000 ms"
+    # a solve started while the page is open: listed and announced on the next refresh
+    later = _start_run(url, writable_copy.problems["gpt-4x8x2"], ago=1.0)
+    st.cache_data.clear()  # the list's cache (1 s) has expired by the next refresh
+    at.run()
+    options = at.selectbox(key="solver_run").options
+    assert any(o.startswith(f"run #{later} · running") for o in options)
+    assert at.selectbox(key="solver_run").value == run  # the page stays on what it showed
+    assert any(f"run #{later}" in i.value for i in at.info)
+    # following it
+    at.button(key=f"follow_{later}").click().run()
+    assert at.query_params["run"] == str(later)
+
+
+def test_compare_page(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    pb_hash = demo_db.problems["gpt-4x8"]
+    at = page(demo_db.url, "compare", monkeypatch, problem=pb_hash)
+    summary = table_with(at, "makespan_display")
+    # the default shows the fastest schedules that fit the limit
+    assert summary["feasible"].all()
+    ids = [int(s.split()[0][1:]) for s in summary["schedule"]]
+    for sid, row in zip(ids, summary.itertuples(), strict=True):
+        ev = stored(demo_db.url, sid).evaluation
+        assert row.makespan_display == pytest.approx(ev.makespan * 1e3)  # ms
+        assert row.num_offloaded == ev.num_offloaded
+    assert "e+" not in json.dumps(summary["peak_display"].tolist())
+    (_, (bars,)), (spec, (stacked,)) = vega(at)
+    assert len(bars) == len(ids)
+    assert spec["facet"]["row"]["field"] == "schedule"
+    at.multiselect(key="compare_ids").unselect(ids[0]).run()
+    assert at.query_params["schedules"] == ",".join(str(i) for i in ids[1:])
+    (_, (stacked,)) = vega(at)[1]
+    assert stacked["schedule"].nunique() == len(ids) - 1
+
+
+def test_profiles_page(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    at = page(demo_db.url, "profiles", monkeypatch)
+    m = metrics(at)
+    assert m["p2p time"] == "600.000 µs" and m["device → host"] == "25.0 GB/s"
     (spec, (times,)), (_, (acts,)) = vega(at)
-    assert len(times) == 4 * 3
-    f0 = times[(times.stage == 0) & (times.kind == "F")].iloc[0]
-    assert (f0.min_ms, f0.mean_ms, f0.max_ms) == pytest.approx((0.93 * 18, 18, 1.12 * 18))
-    assert [
-        layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
-        for layer in spec["spec"]["layer"]
-    ] == ["rule", "bar", "tick"]
-    assert acts[acts.what == "activation"]["value"].to_numpy() * 2**30 == pytest.approx([2.0e9] * 4)
+    assert spec["spec"]["layer"][0]["mark"]["type"] == "bar"
+    assert len(times) == times["stage"].nunique() * times["chunk"].nunique() * 3
+    assert acts[acts.what == "activation"]["value"].max() > 0
 
 
-def test_training_page(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, _ = filled
-    at = page(url, "training", monkeypatch)
-    assert metrics(at)["steps"] == "12" and metrics(at)["schedule switches"] == "1"
-    (_spec, dfs), (_, (mem,)) = vega(at)
-    steps, switches = dfs
-    assert len(steps) == 24
-    pred = steps[steps.series == "predicted"].sort_values("step")["seconds"].to_numpy()
-    assert pred == pytest.approx([0.53] * 6 + [0.50] * 6)
-    assert switches["step"].tolist() == [6]
-    assert len(mem) == 12 * 4
-    assert mem[(mem.step == 0) & (mem["rank"] == 0)]["value"].iloc[0] * 2**30 == pytest.approx(8e9)
+def test_training_page(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    at = page(demo_db.url, "training", monkeypatch)
+    m = metrics(at)
+    assert m["status"] == "finished" and m["steps"] == "40"
+    assert float(m["last train loss"]) > 0 and float(m["samples / s (median)"]) > 0
+    assert len(vega(at)) == 4  # loss, throughput, step time, memory
+    (_, loss_dfs), (_, (thr,)), (_, st_dfs), (_, mem_dfs) = vega(at)
+    loss = loss_dfs[0]
+    assert set(loss["series"]) == {"train", "validation"}
+    assert (loss["series"] == "validation").sum() == 4
+    assert len(thr) == 40
+    steps = st_dfs[0]
+    assert set(steps["series"]) == {"measured", "predicted"}
+    events = next(d for d in st_dfs if "kind" in d.columns)
+    assert events["kind"].tolist() == ["switch", "calibration", "switch"]
+    assert events["short"].iloc[2].startswith("→ #") and "%" in events["short"].iloc[2]
+    limits = next(d for d in mem_dfs if "limit" in d.columns)
+    peaks = next(d for d in mem_dfs if "rank" in d.columns and "value" in d.columns)
+    assert (peaks["value"] <= limits["limit"].max() + 1e-9).all()
+    table = table_with(at, "reason")
+    assert len(table) == 3 and table["gain"].iloc[1:].str.contains("→").all()
+    assert table["gain"].iloc[0].endswith("per step")  # the first schedule: no "before"
 
 
-def test_export_page_and_trace(filled: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, info = filled
-    sid = info["schedules"][(2, "greedy-offload")]
-    at = page(url, "export", monkeypatch, schedule=str(sid))
+def test_export_page_and_trace(demo_db: DemoDatabase, monkeypatch: Any) -> None:
+    sid = demo_db.schedules[OFFLOADING]
+    at = page(demo_db.url, "export", monkeypatch, schedule=str(sid))
     assert len(at.get("download_button")) == 2
-    text = data.trace_json(url, sid)
-    sc = repository_schedule(url, sid)
+    text = data.trace_json(demo_db.url, sid)
+    sc = stored(demo_db.url, sid)
     assert json.loads(text) == json.loads(json.dumps(chrome_trace(None, sc)))
-    assert metrics(at)["trace size"] == f"{len(text) / 1e6:.2f} MB"
+    assert metrics(at)["trace size"].endswith("kB")
 
 
 @pytest.mark.parametrize(
@@ -279,15 +337,15 @@ def test_empty_and_foreign_databases(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_database_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer in the middle of a transaction: the page shows the committed rows, no error."""
     url = f"sqlite:///{tmp_path / 'live.db'}"
-    pb = demo_problem(2, 3)
+    pb = Problem(num_stages=2, num_microbatches=3, t_f=1.0, t_b=1.0, t_w=1.0)
     with open_database(url) as db, db.session() as s:
-        repository.store_schedule(s, greedy_schedule(pb), source="demo")
+        repository.store_schedule(s, generate("zb-h1", pb), source="baseline")
     writer = sqlite3.connect(tmp_path / "live.db", timeout=1)
     writer.execute("BEGIN IMMEDIATE")
     writer.execute("DELETE FROM schedules")  # uncommitted
     try:
         at = page(url, "timeline", monkeypatch)
-        ((_, (df,)),) = vega(at)
+        (_, (df,)) = vega(at)[1]
         assert len(df) == 2 * 3 * 3
     finally:
         writer.rollback()
@@ -295,31 +353,31 @@ def test_database_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_large_timeline_is_drawn_a_window_at_a_time(
-    filled: tuple, monkeypatch: pytest.MonkeyPatch
+    demo_db: DemoDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from optpipe_lightning.inspector import ui
 
     monkeypatch.setattr(ui, "MAX_BARS", 40)
-    url, info = filled
-    sid = info["schedules"][(1, "greedy")]
-    at = page(url, "timeline", monkeypatch, schedule=str(sid))
+    sid = demo_db.schedules[("gpt-4x8", "1f1b")]
+    at = page(demo_db.url, "timeline", monkeypatch, schedule=str(sid))
     (slider,) = at.slider
     lo, hi = slider.value
-    assert lo == 0.0 and 0 < hi < float(metrics(at)["makespan"].split()[0])
-    ((_, (df,)),) = vega(at)
-    assert 0 < len(df) < 4 * 8 * 3
-    assert df["end_ms"].max() <= hi + 1e-9
-    slider.set_range(hi, 2 * hi).run()
-    ((_, (df2,)),) = vega(at)
-    assert df2["start_ms"].min() >= hi - 1e-9
+    makespan_ms = stored(demo_db.url, sid).evaluation.makespan * 1e3
+    assert lo == 0.0 and 0 < hi < makespan_ms
+    (_, (df,)) = vega(at)[1]
+    assert 0 < len(df) < 4 * 8 * 2
+    assert df["end"].max() <= hi + 1e-9
+    slider.set_range(hi, min(2 * hi, makespan_ms)).run()
+    (_, (df2,)) = vega(at)[1]
+    assert df2["start"].min() >= hi - 1e-9
 
 
 def test_a_schedule_that_cannot_be_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored schedule that deadlocks: every page says so instead of drawing (or failing)."""
-    from optpipe_lightning.schedule import Action, Schedule
+    from optpipe_lightning.schedule import Action
 
     url = f"sqlite:///{tmp_path / 'bad.db'}"
-    pb = demo_problem(2, 2)
+    pb = Problem(num_stages=2, num_microbatches=2, t_f=1.0, t_b=1.0, t_w=1.0)
     order = [
         Action("F", 0),
         Action("B", 0),
@@ -333,7 +391,7 @@ def test_a_schedule_that_cannot_be_timed(tmp_path: Path, monkeypatch: pytest.Mon
     )
     with open_database(url) as db, db.session() as s:
         sid = repository.store_schedule(s, stuck, problem=pb, source="test")
-        repository.store_schedule(s, greedy_schedule(pb), source="test")
+        repository.store_schedule(s, generate("1f1b", pb), source="baseline")
     for name, query in (
         ("timeline", {"schedule": str(sid)}),
         ("memory", {"schedule": str(sid)}),
@@ -343,8 +401,8 @@ def test_a_schedule_that_cannot_be_timed(tmp_path: Path, monkeypatch: pytest.Mon
         at = page(url, name, monkeypatch, **query)
         if name == "compare":
             ((_, (bars,)), (_, (stacked,))) = vega(at)
-            assert bars["makespan_ms"].isna().sum() == 1  # the stuck one has no makespan
-            assert set(stacked["schedule"]) == {f"#{sid + 1} greedy"}
+            assert bars["makespan_display"].isna().sum() == 1  # the stuck one has no makespan
+            assert set(stacked["schedule"]) == {f"#{sid + 1} 1f1b"}
         else:
             assert not vega(at)
             assert any("deadlock" in w.value for w in at.warning) or any(

@@ -11,11 +11,15 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sqlite3
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from optpipe_lightning.demo import DemoDatabase
 
 pytestmark = pytest.mark.browser
 
@@ -38,31 +42,35 @@ DRAWN = ".vega-embed :is(canvas, svg.marks)"
 # url path, query, heading, number of charts that must draw
 PAGES: list[tuple[str, str, str, int]] = [
     ("", "", "optpipe inspector", 0),
-    ("timeline", "schedule={offload2}", "Timeline", 1),
-    ("memory", "schedule={offload1}", "Memory", 2),
+    ("timeline", "schedule={solved}", "Timeline", 2),
+    ("memory", "schedule={solved}", "Memory", 2),
     ("solver", "run={solver}", "Solver", 1),
-    ("compare", "problem={problem2}", "Compare", 2),
+    ("compare", "problem={problem}", "Compare", 2),
     ("profiles", "", "Profiles", 2),
-    ("training", "", "Training", 2),
-    ("export", "schedule={offload2}", "Export", 0),
+    ("training", "", "Training", 4),
+    ("export", "schedule={solved}", "Export", 0),
 ]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
+def server(
+    demo_db: DemoDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, DemoDatabase]]:
     if CHROMIUM is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api")
-    from optpipe_lightning.inspector.demo import fill_database
     from optpipe_lightning.inspector.launch import free_port, spawn_inspector
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'optpipe.db'}"
-    # the baselines make the Solver and Compare screenshots richer, at a cost of a few seconds
-    info = fill_database(url, baselines=bool(os.environ.get("OPTPIPE_SCREENSHOT_DIR")))
+    # a copy: the test starts a solve in it while the Solver page is open
+    path = tmp_path_factory.mktemp("browser") / "optpipe.db"
+    with sqlite3.connect(demo_db.url.removeprefix("sqlite:///")) as a, sqlite3.connect(path) as b:
+        a.backup(b)
+    db = DemoDatabase(f"sqlite:///{path}")
+    db.__dict__.update({k: v for k, v in demo_db.__dict__.items() if k != "url"})
     port = free_port()
-    proc = spawn_inspector(url, port)
+    proc = spawn_inspector(db.url, port)
     try:
-        yield f"http://127.0.0.1:{port}", info
+        yield f"http://127.0.0.1:{port}", db
     finally:
         proc.terminate()
         try:
@@ -92,36 +100,35 @@ def save_png(png: bytes, path: Path) -> None:
 
 def check_tooltip(page: Any) -> None:
     """Hovering a bar of the timeline shows its tooltip (op, stage, microbatch, duration)."""
-    box = page.locator(DRAWN).first.bounding_box()
+    gantt = page.locator(DRAWN).nth(1)  # the Gantt, under the busy strips
+    gantt.scroll_into_view_if_needed()
+    # an SVG chart (under 2,000 bars) labels each bar with its tooltip's fields
+    bar = page.locator('.vega-embed path[aria-label*="microbatch"]').nth(5)
+    box = bar.bounding_box()
     assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     tip = page.locator("#vg-tooltip-element")
-    for fx in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6):
-        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * 0.2)
-        page.wait_for_timeout(100)
-        if tip.count() and tip.is_visible() and "microbatch" in tip.inner_text():
-            break
-    else:
-        pytest.fail("no tooltip over the timeline's bars")
-    assert "duration (ms)" in tip.inner_text()
+    tip.wait_for(state="visible", timeout=5_000)
+    text = tip.inner_text()
+    assert "microbatch" in text and "duration (ms)" in text, text
     page.mouse.move(0, 0)
 
 
-def test_every_page_draws(server: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+def test_every_page_draws(server: tuple[str, DemoDatabase], tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    base, info = server
+    base, db = server
     ids = {
-        "offload1": info["schedules"][(1, "greedy-offload")],
-        "offload2": info["schedules"][(2, "greedy-offload")],
-        "solver": info["solver_run"],
-        "problem2": info["problems"][1],
+        "solved": db.schedules[("gpt-4x8x2", "adaoffload")],  # offloads, whatever the load
+        "solver": db.solver_runs[("gpt-4x8", "cpsat")],
+        "problem": db.problems["gpt-4x8"],
     }
     shots = Path(os.environ.get("OPTPIPE_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             for path, query, heading, n_charts in PAGES:
@@ -135,6 +142,9 @@ def test_every_page_draws(server: tuple[str, dict[str, Any]], tmp_path: Path) ->
                     assert page.locator(DRAWN).count() == n_charts, path
                 assert page.locator('[data-testid="stException"]').count() == 0, path
                 assert page.get_by_text("Page not found").count() == 0, path
+                # no metric cut off with an ellipsis, no scientific notation
+                for value in page.locator('[data-testid="stMetricValue"]').all_inner_texts():
+                    assert "…" not in value and "e+" not in value, (path, value)
                 assert (
                     page.locator('[data-testid="stAlert"]').filter(has_text="database").count() == 0
                 )
@@ -153,5 +163,40 @@ def test_every_page_draws(server: tuple[str, dict[str, Any]], tmp_path: Path) ->
                 f"document.querySelectorAll('{DRAWN}').length >= 2", timeout=30_000
             )
             assert not errors, errors
+        finally:
+            browser.close()
+
+
+def test_a_solve_started_while_the_page_is_open_appears(
+    server: tuple[str, DemoDatabase],
+) -> None:
+    """The Solver page notices a new run without a reload, and follows it on a click."""
+    from playwright.sync_api import sync_playwright
+
+    from optpipe_lightning.inspector import data
+    from optpipe_lightning.profiles_db import open_database, repository
+    from optpipe_lightning.profiles_db.models import SolverEventRecord, SolverRunRecord
+
+    base, db = server
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(f"{base}/solver?run={db.solver_runs[('gpt-4x8', 'cpsat')]}")
+            wait_ready(page, "Solver")
+            with open_database(db.url) as w, w.session() as s:
+                run = repository.start_solver_run(
+                    s, db.problems["gpt-4x8x2"], "cpsat", {"time_limit": 60}
+                )
+                rec = s.get(SolverRunRecord, run)
+                rec.started_at = data.now() - timedelta(seconds=5)
+                s.add(SolverEventRecord(run_id=run, wall_time=0.4, makespan=0.5, bound=0.3))
+            notice = page.get_by_text(f"Solving now: run #{run}")
+            notice.wait_for(timeout=30_000)  # the page polls every few seconds
+            page.get_by_role("button", name="follow it").click()
+            page.wait_for_url(f"**/solver?run={run}", timeout=30_000)
+            wait_ready(page, "Solver")
+            page.get_by_text("solving for").first.wait_for(timeout=30_000)
+            assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             browser.close()

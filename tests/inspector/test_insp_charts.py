@@ -1,4 +1,4 @@
-"""Chart functions and their data frames: Vega-Lite specs and the rows each chart draws."""
+"""Chart functions: Vega-Lite specs and the rows each chart draws (no browser)."""
 
 from __future__ import annotations
 
@@ -6,26 +6,21 @@ import json
 from collections.abc import Iterator
 
 import altair as alt
-import numpy as np
 import pandas as pd
 import pytest
 
+from optpipe_lightning.demo import demo_profile
 from optpipe_lightning.inspector import charts, frames
-from optpipe_lightning.inspector.demo import demo_problem, demo_profile, greedy_schedule
+from optpipe_lightning.inspector import training_frames as tf
 from optpipe_lightning.schedule import simulate
+from optpipe_lightning.schedule.baselines import generate
+from optpipe_lightning.schedule.units import Unit
 
 
 @pytest.fixture(autouse=True)
 def _no_row_limit() -> Iterator[None]:
     with alt.data_transformers.disable_max_rows():
         yield
-
-
-@pytest.fixture(scope="module")
-def case() -> tuple:
-    pb = demo_problem(4, 6, 2, memory_limit=5.0e9)
-    sc = greedy_schedule(pb, offload_every=2)
-    return pb, sc, simulate(pb, sc)
 
 
 def spec_and_rows(chart: alt.TopLevelMixin) -> tuple[dict, list[dict]]:
@@ -35,46 +30,60 @@ def spec_and_rows(chart: alt.TopLevelMixin) -> tuple[dict, list[dict]]:
     return spec, next(iter(datasets.values()))
 
 
-def test_timeline_frame_matches_the_simulator(case: tuple) -> None:
-    pb, sc, sim = case
+def test_timeline_chart_spec_and_data(offload_case: tuple) -> None:
+    _, sc, sim = offload_case
     tl = frames.timeline_frame(sim)
-    assert len(tl) == sum(len(r) for r in sc.actions)
-    assert set(tl["lane"]) == {"compute", "copy"}
-    assert (tl[tl["lane"] == "copy"]["kind"].isin(["OFFLOAD", "RELOAD"])).all()
-    assert tl["end_ms"].max() == pytest.approx(sim.makespan * 1e3)
-    first_f = tl[(tl.kind == "F") & (tl.device == 0) & (tl.micro == 0) & (tl.chunk == 0)].iloc[0]
-    assert first_f.start_ms == 0.0
-    assert first_f.duration_ms == pytest.approx(pb.cost("t_f")[0, 0] * 1e3)
-    idle = frames.idle_frame(tl, sim.makespan * 1e3)
-    work = pb.cost("t_f").sum(1) + pb.cost("t_b").sum(1) + pb.cost("t_w").sum(1)
-    np.testing.assert_allclose(idle["busy_ms"], work * pb.num_microbatches * 1e3)
-    np.testing.assert_allclose(idle["busy_ms"] + idle["idle_ms"], sim.makespan * 1e3)
-
-
-def test_timeline_chart_spec_and_data(case: tuple) -> None:
-    _, sc, sim = case
-    tl = frames.timeline_frame(sim)
-    spec, rows = spec_and_rows(charts.timeline_chart(tl))
-    bars, text = spec["layer"]
+    spec = charts.timeline_chart(tl, unit="ms").to_dict()
+    (bars, *others) = spec["layer"]
+    rows = spec["datasets"][bars["data"]["name"]]  # every op (the ops that waited: again)
     assert bars["mark"]["type"] == "bar"
     enc = bars["encoding"]
-    assert (enc["x"]["field"], enc["x2"]["field"], enc["y"]["field"]) == (
-        "start_ms",
-        "end_ms",
-        "device",
-    )
+    assert (enc["x"]["field"], enc["x2"]["field"], enc["y"]["field"]) == ("start", "end", "device")
+    assert enc["x"]["title"] == "time (ms)"
     assert enc["yOffset"]["field"] == "lane"
-    assert enc["yOffset"]["scale"]["domain"] == ["compute", "copy"]
-    assert enc["color"]["scale"] == {"domain": charts.KIND_DOMAIN, "range": charts.KIND_RANGE}
-    tips = {t["field"] for t in enc["tooltip"]}
-    assert {"kind", "device", "micro", "chunk", "start_ms", "duration_ms"} <= tips
+    assert enc["yOffset"]["scale"]["domain"] == ["compute", "device → host", "host → device"]
+    present = ["F", "B", "W", "OFFLOAD", "RELOAD"]  # the legend lists only these (no BW)
+    assert enc["color"]["scale"]["domain"] == present
+    assert enc["color"]["scale"]["range"] == [
+        charts.KIND_RANGE[charts.KIND_DOMAIN.index(k)] for k in present
+    ]
+    tips = {t["field"]: t["title"] for t in enc["tooltip"]}
+    assert tips["duration"] == "duration (ms)" and "waits_for" not in tips
     (zoom,) = spec["params"]  # Altair lifts layer params to the top, naming their view
     assert zoom["bind"] == "scales" and zoom["select"]["encodings"] == ["x"]
     assert zoom["views"] == [bars["name"]]
-    assert text["mark"]["type"] == "text" and text["encoding"]["text"]["field"] == "label"
+    (text,) = [x for x in others if x["mark"]["type"] == "text"]
+    assert text["encoding"]["text"]["field"] == "micro"
     assert len(rows) == sum(len(r) for r in sc.actions)
-    offl = [r for r in rows if r["kind"] == "OFFLOAD"]
-    assert len(offl) == sc.num_offloaded() and {r["lane"] for r in offl} == {"copy"}
+
+
+def test_only_the_ops_that_waited_show_the_wait() -> None:
+    tl = pd.DataFrame(
+        {
+            "device": 0,
+            "lane": "compute",
+            "kind": ["F", "F"],
+            "micro": [0, 1],
+            "chunk": 0,
+            "start": [0.0, 2.0],
+            "end": [1.0, 3.0],
+            "duration": 1.0,
+            "waits_for": ["", "offload of mb 0"],
+        }
+    )
+    spec = charts.timeline_chart(tl, labels=False).to_dict()
+    plain, waited = spec["layer"]
+    # every bar from one dataset without a transform; the op that waited again, on top
+    assert "transform" not in plain and "transform" not in waited
+    assert len(spec["datasets"][plain["data"]["name"]]) == 2
+    assert spec["datasets"][waited["data"]["name"]] == [
+        {**tl.iloc[1].to_dict(), "device": 0, "micro": 1, "chunk": 0}
+    ]
+    assert "waits_for" not in {t["field"] for t in plain["encoding"]["tooltip"]}
+    assert "waits_for" in {t["field"] for t in waited["encoding"]["tooltip"]}
+    # compute-only: one lane, a legend of F alone
+    assert plain["encoding"]["yOffset"]["scale"]["domain"] == ["compute"]
+    assert plain["encoding"]["color"]["scale"]["domain"] == ["F"]
 
 
 def test_timeline_chart_drops_labels_when_crowded() -> None:
@@ -85,74 +94,76 @@ def test_timeline_chart_drops_labels_when_crowded() -> None:
             "kind": "F",
             "micro": range(charts.LABEL_MAX_BARS + 1),
             "chunk": 0,
-            "start_ms": 0.0,
-            "end_ms": 1.0,
-            "duration_ms": 1.0,
-            "label": "0",
+            "start": 0.0,
+            "end": 1.0,
+            "duration": 1.0,
+            "waits_for": "",
         }
     )
-    spec = charts.timeline_chart(big).to_dict()
-    assert len(spec["layer"]) == 1
+    assert len(charts.timeline_chart(big).to_dict()["layer"]) == 1
     assert len(charts.timeline_chart(big.head(10)).to_dict()["layer"]) == 2
 
 
-def test_memory_frame_and_chart(case: tuple) -> None:
-    pb, _, sim = case
-    unit = frames.memory_unit(pb, sim)
-    assert unit.name == "GiB"
-    mem = frames.memory_frame(pb, sim, unit)
-    for s, curve in enumerate(sim.memory):
-        mine = mem[(mem.device == s) & (mem.series == "on device")]
-        assert mine["value"].max() * unit.scale == pytest.approx(curve.peak)
-        peak_rows = mine[mine.is_peak]
-        assert len(peak_rows) == 1
-        assert peak_rows.iloc[0].time_ms == pytest.approx(curve.peak_time() * 1e3)
-        assert mine["time_ms"].max() == pytest.approx(sim.makespan * 1e3)
-        host = mem[(mem.device == s) & (mem.series == "offloaded")]
-        assert host["value"].max() > 0
-    assert set(mem["limit"]) == {5.0e9 / unit.scale}
-    spec, rows = spec_and_rows(charts.memory_chart(mem, unit=unit.name))
+def test_busy_chart(offload_case: tuple) -> None:
+    _, _, sim = offload_case
+    tl = frames.timeline_frame(sim)
+    busy = frames.busy_frame(tl, float(tl["end"].max()), bins=50)
+    spec, rows = spec_and_rows(charts.busy_chart(busy, unit="ms"))
+    assert spec["mark"]["type"] == "rect"
+    assert spec["encoding"]["color"]["scale"]["domain"] == [0, 1]
+    assert spec["encoding"]["y"]["sort"][0].startswith("stage 0 · ")
+    assert len(rows) == 4 * 50
+
+
+def test_memory_chart_draws_the_limit_under_the_curves(offload_case: tuple) -> None:
+    pb, _, sim = offload_case
+    mem = frames.memory_frame(pb, sim)
+    spec, rows = spec_and_rows(charts.memory_chart(mem, unit="GB", time_unit="ms"))
     assert spec["facet"]["field"] == "device" and spec["columns"] == 4
-    line, limit, peak, over = spec["spec"]["layer"]
-    assert line["mark"] == {"type": "line", "interpolate": "step-after"}
+    limit, line, peak, over = spec["spec"]["layer"]  # the limit first: curves stay on top
     assert limit["mark"]["type"] == "rule" and limit["mark"]["strokeDash"]
+    assert line["mark"]["type"] == "line" and line["mark"]["interpolate"] == "step-after"
+    assert line["encoding"]["y"]["title"] == "activations (GB)"
+    assert line["encoding"]["color"]["scale"]["domain"] == ["on device", "offloaded"]
     assert peak["transform"] == [{"filter": "datum.is_peak"}]
     assert "datum.value > datum.limit" in over["transform"][0]["filter"]
-    assert line["encoding"]["y"]["title"] == "activations (GiB)"
     assert len(rows) == len(mem)
     assert sum(r["is_peak"] for r in rows) == pb.num_stages
 
 
-def test_byte_units() -> None:
-    assert frames.byte_unit(3 * 2**30).name == "GiB"
-    assert frames.byte_unit(5 * 2**20).name == "MiB"
-    assert frames.byte_unit(512).name == "bytes"
-
-
-def test_solver_frame_gap_and_chart() -> None:
-    events = [
-        {"wall_time": 0.5, "makespan": 0.60, "bound": 0.30},
-        {"wall_time": 1.5, "makespan": 0.50, "bound": None},
-        {"wall_time": 3.0, "makespan": None, "bound": 0.45},
-    ]
-    df = frames.solver_frame(events)
-    assert len(df) == 4
-    assert df[df.series == "incumbent"]["makespan_ms"].tolist() == pytest.approx([600.0, 500.0])
-    assert frames.solver_gap(df) == pytest.approx((500 - 450) / 500)
-    assert frames.solver_gap(frames.solver_frame([])) is None
-    spec = charts.solver_chart(df, {"1f1b": 550.0, "gpipe": 700.0}).to_dict()
-    lines, rules, _names = spec["layer"]
+def test_solver_chart_spans_the_whole_solve() -> None:
+    df = frames.solver_frame([(0.5, 0.60, 0.30), (1.5, 0.50, 0.45)], end=30.0)
+    marks = frames.baseline_marks({"1f1b": 0.55, "zb-auto": 23.0}, 0.28, 0.62)
+    spec = charts.solver_chart(
+        df, marks, unit="s", x_end=30.0, y_domain=(0.28, 0.62), time_limit=30.0
+    ).to_dict()
+    layers = spec["layer"]
+    lines = layers[0]
     assert lines["mark"]["interpolate"] == "step-after"
-    assert lines["encoding"]["x"]["field"] == "wall_time"
-    assert lines["encoding"]["color"]["scale"]["domain"] == ["incumbent", "lower bound"]
-    ref = spec["datasets"][rules["data"]["name"]]
-    assert {r["baseline"]: r["makespan_ms"] for r in ref} == {"1f1b": 550.0, "gpipe": 700.0}
-    assert len(charts.solver_chart(df).to_dict()["layer"]) == 1
+    assert lines["encoding"]["x"]["scale"]["domain"] == [0, pytest.approx(30.9)]
+    assert lines["encoding"]["y"]["scale"]["domain"] == [0.28, 0.62]
+    datasets = spec["datasets"]
+    prog = datasets[lines["data"]["name"]]
+    assert max(r["wall_time"] for r in prog) == 30.0  # the lines reach the end of the solve
+    vlines = [datasets[x["data"]["name"]] for x in layers if x["mark"]["type"] == "rule"]
+    assert [{"at": 30.0, "what": "end · time limit 30 s"}] in vlines
+    refs = [d for d in vlines if d and "label" in d[0]]
+    assert refs == [[{"makespan": 0.55, "label": "1f1b", "inside": True}]]
+    assert spec["title"]["text"] == "baselines above the axis: zb-auto"
+    running = charts.solver_chart(
+        df, None, unit="s", x_end=12.0, y_domain=(0.2, 0.7), time_limit=60.0, finished=False
+    ).to_dict()
+    texts = [
+        running["datasets"][x["data"]["name"]]
+        for x in running["layer"]
+        if x["mark"]["type"] == "text"
+    ]
+    assert [{"at": 12.0, "what": "now"}, {"at": 60.0, "what": "time limit 60 s"}] in texts
 
 
-def test_compare_chart_rows_and_selection(case: tuple) -> None:
-    pb, _, sim = case
-    other = simulate(pb, greedy_schedule(pb))
+def test_compare_chart_rows_and_selection(offload_case: tuple) -> None:
+    pb, _, sim = offload_case
+    other = simulate(pb, generate("gpipe", pb))
     stacked = frames.compare_frame(
         {"offload": frames.timeline_frame(sim), "plain": frames.timeline_frame(other)}
     )
@@ -165,121 +176,120 @@ def test_compare_chart_rows_and_selection(case: tuple) -> None:
     cond = spec["spec"]["encoding"]["color"]["condition"]
     assert cond["param"] == pick["name"] and cond["field"] == "kind"
     counts = pd.DataFrame(rows).groupby("schedule").size().to_dict()
-    assert counts == {"offload": len(frames.timeline_frame(sim)), "plain": 6 * 4 * 2 * 3}
+    assert counts == {"offload": len(frames.timeline_frame(sim)), "plain": 6 * 4 * 2 * 2}
 
 
-def test_schedule_summary(case: tuple) -> None:
-    pb, _, sim = case
+def test_schedule_summary(offload_case: tuple) -> None:
+    pb, _, sim = offload_case
     row = frames.schedule_summary("x", pb, sim)
-    assert row["makespan_ms"] == pytest.approx(sim.makespan * 1e3)
-    assert row["peak_vs_limit"] == pytest.approx(max(sim.evaluation.peak_memory) / 5.0e9)
+    assert row["makespan"] == pytest.approx(sim.makespan)
+    assert row["peak_vs_limit"] == pytest.approx(
+        max(sim.evaluation.peak_memory) / pb.memory_limits()[0]
+    )
     assert row["num_offloaded"] == sim.evaluation.num_offloaded > 0
-    spec = charts.compare_metrics_chart(pd.DataFrame([row])).to_dict()
-    assert spec["encoding"]["x"]["field"] == "makespan_ms"
+    summary = pd.DataFrame([row]).assign(makespan_display=row["makespan"] * 1e3)
+    spec = charts.compare_metrics_chart(summary, unit="ms").to_dict()
+    assert spec["encoding"]["x"]["field"] == "makespan_display"
+    assert spec["encoding"]["x"]["title"] == "makespan (ms)"
 
 
-def test_profile_and_activation_charts() -> None:
-    prof = demo_profile(3, 2)
-    df = frames.profile_frame(prof.stages)
+def test_profile_chart_never_a_bare_tick() -> None:
+    """Issue 27: a stage whose spread was tiny drew as a bare tick; a bar to the mean and a
+    min-max whisker draw whatever the spread."""
+    prof = demo_profile(3, 8, 2)
+    df = frames.profile_frame(prof.stages, Unit("ms", 1e-3))
     assert len(df) == 3 * 2 * 3
     f00 = df[(df.stage == 0) & (df.chunk == 0) & (df.kind == "F")].iloc[0]
-    assert f00.mean_ms == pytest.approx(9.0)
-    assert (f00.min_ms, f00.max_ms) == pytest.approx((0.93 * 9.0, 1.12 * 9.0))
-    assert f00.lo_std_ms == pytest.approx(9.0 * 0.96)
-    spec, rows = spec_and_rows(charts.profile_chart(df))
+    assert f00["mean"] == pytest.approx(9.0)
+    assert (f00["min"], f00["max"]) == pytest.approx((0.94 * 9.0, 1.09 * 9.0))
+    spec, rows = spec_and_rows(charts.profile_chart(df, unit="ms"))
     assert spec["facet"]["column"]["field"] == "chunk"
-    whisker, box, mean = spec["spec"]["layer"]
+    bar, whisker = spec["spec"]["layer"]
+    assert bar["mark"]["type"] == "bar" and bar["encoding"]["y"]["field"] == "mean"
     assert (whisker["encoding"]["y"]["field"], whisker["encoding"]["y2"]["field"]) == (
-        "min_ms",
-        "max_ms",
+        "min",
+        "max",
     )
-    assert (box["encoding"]["y"]["field"], box["encoding"]["y2"]["field"]) == (
-        "lo_std_ms",
-        "hi_std_ms",
-    )
-    assert mean["mark"]["type"] == "tick"
     assert len(rows) == 18
     acts = frames.activation_frame(prof.stages)
-    assert set(acts["what"]) == {"activation", "weight-grad part", "offloadable"}
-    assert acts[(acts.what == "offloadable")]["bytes"].max() == pytest.approx(0.8e9)
-    a_spec = charts.activation_chart(acts.assign(value=acts["bytes"] / 2**30), unit="GiB").to_dict()
+    assert acts[(acts.what == "offloadable")]["bytes"].max() == pytest.approx(0.5e9)
+    a_spec = charts.activation_chart(acts.assign(value=acts["bytes"] / 1e9), unit="GB").to_dict()
     assert a_spec["encoding"]["xOffset"]["field"] == "what"
+    assert a_spec["encoding"]["y"]["title"] == "bytes (GB)"
 
 
-def test_training_chart_marks_switches() -> None:
-    steps = frames.training_frame(
-        [{"step": i, "step_time": 0.5 + 0.01 * i, "predicted": 0.5} for i in range(5)]
-        + [{"step": 5, "step_time": 0.4, "predicted": None}]
-    )
-    assert len(steps) == 11
-    switches = pd.DataFrame({"step": [3], "schedule": ["→ #7"]})
-    spec = charts.training_chart(steps, switches).to_dict()
-    lines, rules, _text = spec["layer"]
+def test_training_charts() -> None:
+    steps = [
+        {"step": i, "measured_seconds": 0.5 + 0.01 * i, "predicted_seconds": 0.5,
+         "peak_memory": [1e10, 1.1e10]}
+        for i in range(6)
+    ]  # fmt: skip
+    events = tf.events_frame(
+        [{"step": 3, "from_schedule_id": 1, "to_schedule_id": 2, "reason": "r",
+          "predicted_before": 0.5, "predicted_after": 0.45}],
+        [{"step": 2, "schedule_id": 1, "reason": "c", "predicted_before": 0.5,
+          "predicted_after": 0.52}],
+        {},
+    )  # fmt: skip
+    unit = tf.step_unit(steps)
+    spec = charts.step_time_chart(tf.step_frame(steps, unit), events, unit=unit.name).to_dict()
+    lines, rules, text = spec["layer"]
     assert lines["encoding"]["color"]["scale"]["domain"] == ["measured", "predicted"]
-    assert spec["datasets"][rules["data"]["name"]] == [{"step": 3, "schedule": "→ #7"}]
-    assert len(charts.training_chart(steps).to_dict()["layer"]) == 1
-    mem = pd.DataFrame({"step": [0, 0], "rank": [0, 1], "value": [1.0, 2.0]})
-    assert charts.rank_memory_chart(mem).to_dict()["encoding"]["color"]["field"] == "rank"
+    assert lines["encoding"]["y"]["title"] == "step time (ms)"
+    assert rules["encoding"]["strokeDash"]["scale"]["domain"] == ["switch", "calibration"]
+    assert [r["short"] for r in spec["datasets"][text["data"]["name"]]] == [
+        "calibrated (+4.0%)",
+        "→ #2 (-10.0%)",
+    ]
+    assert len(charts.step_time_chart(tf.step_frame(steps, unit)).to_dict()["layer"]) == 1
+    loss = pd.DataFrame({"step": [0, 1, 1], "series": ["train", "train", "validation"],
+                         "value": [3.0, 2.5, 2.7]})  # fmt: skip
+    assert charts.loss_chart(loss).to_dict()["layer"][0]["encoding"]["color"]["scale"][
+        "domain"
+    ] == ["train", "validation"]
+    thr = pd.DataFrame({"step": [0, 1], "value": [40.0, 41.0]})
+    assert charts.throughput_chart(thr, what="tokens").to_dict()["encoding"]["y"]["title"] == (
+        "tokens / s"
+    )
+    mu = tf.memory_unit(steps, {"memory_limit": [1.2e10, 1.2e10]})
+    mem = tf.rank_memory_frame(steps, mu)
+    lim = tf.limit_frame({"memory_limit": [1.2e10, 1.2e10]}, 2, mu)
+    spec = charts.rank_memory_chart(mem, lim, unit=mu.name).to_dict()
+    limit, lines = spec["layer"]
+    assert limit["mark"]["type"] == "rule" and lines["encoding"]["color"]["field"] == "rank"
+    assert spec["datasets"][limit["data"]["name"]][0]["limit"] == pytest.approx(12.0)
 
 
-def test_specs_are_valid_json(case: tuple) -> None:
-    pb, _, sim = case
+def test_specs_are_valid_json(offload_case: tuple) -> None:
+    pb, _, sim = offload_case
+    tl = frames.timeline_frame(sim)
     for chart in (
-        charts.timeline_chart(frames.timeline_frame(sim)),
+        charts.timeline_chart(tl),
+        charts.busy_chart(frames.busy_frame(tl, float(tl["end"].max()))),
         charts.memory_chart(frames.memory_frame(pb, sim)),
     ):
         json.loads(chart.to_json())  # Altair validates against the Vega-Lite schema
 
 
-def test_time_window_clips_bars() -> None:
+def test_large_charts_draw_on_a_canvas() -> None:
+    """Streamlit's frontend picks the canvas by itself only for layers without a transform;
+    a Gantt whose layers filter (ops that waited for memory) must ask for it."""
+    n = charts.NO_ARIA_ROWS + 1
     tl = pd.DataFrame(
         {
             "device": 0,
             "lane": "compute",
             "kind": "F",
-            "micro": [0, 1, 2],
+            "micro": range(n),
             "chunk": 0,
-            "start_ms": [0.0, 10.0, 20.0],
-            "end_ms": [10.0, 20.0, 30.0],
-            "duration_ms": 10.0,
-            "label": ["0", "1", "2"],
+            "start": [float(i) for i in range(n)],
+            "end": [i + 1.0 for i in range(n)],
+            "duration": 1.0,
+            "waits_for": ["offload of mb 0"] + [""] * (n - 1),
         }
     )
-    w = frames.time_window(tl, 5.0, 15.0)
-    assert w["micro"].tolist() == [0, 1]
-    assert w["start_ms"].tolist() == [5.0, 10.0] and w["end_ms"].tolist() == [10.0, 15.0]
-    assert w["duration_ms"].tolist() == [10.0, 10.0]  # the tooltip keeps the op's own duration
-
-
-def test_timeline_names_the_copy_a_forward_waited_for() -> None:
-    from optpipe_lightning.schedule import Action, Problem
-
-    pb = Problem(
-        num_stages=1,
-        num_microbatches=2,
-        t_f=1.0,
-        t_b=1.0,
-        t_w=1.0,
-        m_f=1.0,
-        m_b=-0.5,
-        m_w=-0.5,
-        memory_limit=1.0,
-        offload={"bytes": 1.0, "d2h_bandwidth": 1 / 3, "h2d_bandwidth": 1 / 3},
-    )
-    rows = [
-        [
-            Action("F", 0),
-            Action("OFFLOAD", 0),
-            Action("F", 1),
-            Action("BW", 1),
-            Action("RELOAD", 0),
-            Action("BW", 0),
-        ]
-    ]
-    tl = frames.timeline_frame(simulate(pb, rows))
-    f1 = tl[(tl["kind"] == "F") & (tl["micro"] == 1)].iloc[0]
-    assert f1["waits_for"] == "offload of mb 0"
-    assert f1["start_ms"] == pytest.approx(3000.0)  # ends with the copy (1 s .. 4 s)
-    assert (tl[tl["micro"] == 0]["waits_for"] == "").all()
     spec = charts.timeline_chart(tl).to_dict()
-    assert "waits_for" in json.dumps(spec)
+    assert spec["usermeta"] == {"embedOptions": {"renderer": "canvas"}}
+    assert spec["config"]["mark"]["aria"] is False
+    small = charts.timeline_chart(tl.head(100)).to_dict()
+    assert "usermeta" not in small and "aria" not in small.get("config", {}).get("mark", {})

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from optpipe_lightning.demo import DemoDatabase
 from optpipe_lightning.inspector import launch
 from optpipe_lightning.inspector.ui import parse_db_arg
 
 
 def test_command_line() -> None:
     cmd = launch.streamlit_command("sqlite:////tmp/x.db", 8600)
-    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(launch.APP)]
-    opts = dict(zip(cmd[5:-3:2], cmd[6:-3:2], strict=True))
+    assert cmd[:4] == [sys.executable, "-m", "optpipe_lightning.inspector.serve", str(launch.APP)]
+    opts = dict(zip(cmd[4:-3:2], cmd[5:-3:2], strict=True))
     assert opts == {
         "--server.address": "127.0.0.1",
         "--browser.gatherUsageStats": "false",
@@ -77,23 +78,22 @@ def test_start_up_errors_are_one_line(
     assert message.format(tmp=tmp_path) in err
 
 
-def test_browsing_never_imports_torch(tmp_path: Path) -> None:
-    """Every page, run in a fresh interpreter: neither torch nor the strategy gets imported."""
+def test_browsing_never_imports_torch(demo_db: DemoDatabase) -> None:
+    """Every page, run in a fresh interpreter: neither torch, the strategy nor the solver gets
+    imported."""
     script = textwrap.dedent(
         f"""
         import os, sys
         from streamlit.testing.v1 import AppTest
         from optpipe_lightning.inspector import launch
-        from optpipe_lightning.inspector.demo import fill_database
-        url = "sqlite:///{tmp_path / "db.db"}"
-        fill_database(url, baselines=False)
-        os.environ["OPTPIPE_DB_URL"] = url
+        os.environ["OPTPIPE_DB_URL"] = "{demo_db.url}"
         at = AppTest.from_file(str(launch.APP), default_timeout=60).run()
         for page in ("timeline", "memory", "solver", "compare", "profiles", "training", "export"):
             at.switch_page(f"views/{{page}}.py").run()
             assert not at.exception, (page, at.exception)
         bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "lightning",
-                     "optpipe_lightning.strategy")))
+                     "optpipe_lightning.strategy", "optpipe_lightning.solver",
+                     "optpipe_lightning.demo")))
         print("IMPORTED", bad)
         """
     )
@@ -102,3 +102,38 @@ def test_browsing_never_imports_torch(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "IMPORTED []" in out.stdout
+
+
+def test_an_older_schema_is_upgraded_before_the_read_only_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from alembic import command
+
+    from optpipe_lightning.profiles_db import open_database
+    from optpipe_lightning.profiles_db.database import _alembic_config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    db = open_database(url)
+    with db.engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), "0001")
+    db.close()
+    assert launch.check_database(url) is None
+    assert "upgraded the database's schema" in capsys.readouterr().err
+    open_database(url, read_only=True).close()  # now readable as the server reads it
+
+
+def test_inspect_demo_builds_then_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from optpipe_lightning import demo
+    from optpipe_lightning.cli import app
+
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(demo, "build_demo_database", lambda url, **kw: calls.append(("build", url)))
+    monkeypatch.setattr(
+        launch, "run_inspector", lambda url, port: calls.append(("run", url, str(port))) or 0
+    )
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = CliRunner().invoke(app, ["inspect", "--demo", "--db", url, "--port", "8601"])
+    assert result.exit_code == 0, result.output
+    assert calls == [("build", url), ("run", url, "8601")]

@@ -25,15 +25,16 @@ except TraceError as e:
     ui.empty(f"No Chrome trace for this schedule: {e}")
 
 st.write(
-    "The Chrome trace shows one process per stage with a compute track and a copy track, "
-    "the activation memory as a counter, and arrows for every dependency between stages. Open it "
+    "The Chrome trace shows one process per stage with a compute track and, when the schedule "
+    "offloads, a device → host track (OFFLOAD) and a host → device track (RELOAD), the "
+    "activation memory as a counter, and arrows for every dependency between stages. Open it "
     "in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing`. The command line writes the "
     "same file: `optpipe trace SCHEDULE.json --out trace.json`."
 )
 cols = st.columns(3)
-cols[0].metric("makespan", ui.fmt_ms(summary["makespan_ms"]))
-cols[1].metric("trace size", f"{len(trace) / 1e6:.2f} MB")
-cols[2].metric("schedule size", f"{len(schedule_json) / 1e6:.2f} MB")
+cols[0].metric("makespan", ui.fmt_s(summary["makespan"]))
+cols[1].metric("trace size", ui.fmt_bytes(len(trace)))
+cols[2].metric("schedule size", ui.fmt_bytes(len(schedule_json)))
 left, right = st.columns(2)
 left.download_button(
     "Download Chrome trace",

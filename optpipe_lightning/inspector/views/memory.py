@@ -16,13 +16,12 @@ memory = view["memory"]
 if memory.empty:
     ui.empty("This schedule cannot be timed, so it has no memory curve.")
 
-worst = peaks.loc[peaks["peak"].idxmax()]
+peak_bytes = view["peak_bytes"]
+worst = max(range(len(peak_bytes)), key=lambda i: peak_bytes[i])
+limits = [x for x in view["limit_bytes"] if x is not None]
 cols = st.columns(4)
-cols[0].metric(
-    "highest peak", f"{worst['peak']:.3g} {unit}", help=f"on stage {int(worst['stage'])}"
-)
-limit = peaks["limit"].dropna()
-cols[1].metric("memory limit", f"{limit.min():.3g} {unit}" if len(limit) else "none")
+cols[0].metric("highest peak", ui.fmt_bytes(peak_bytes[worst]), help=f"on stage {worst}")
+cols[1].metric("memory limit", ui.fmt_bytes(min(limits)) if limits else "none")
 cols[2].metric("offloaded activations", view["summary"]["num_offloaded"])
 cols[3].metric("fits the memory limit", "yes" if view["summary"]["feasible"] else "no")
 
@@ -31,6 +30,6 @@ st.caption(
     "offload, the limit (dashed red), the peak (black triangle) and any instant above the limit "
     "(red)."
 )
-ui.chart(charts.memory_chart(memory, unit=unit), key="memory_chart")
+ui.chart(charts.memory_chart(memory, unit=unit, time_unit=view["time_unit"]), key="memory_chart")
 st.subheader("Peak per stage")
 ui.chart(charts.peak_memory_chart(peaks, unit=unit), key="peak_chart")

@@ -1,12 +1,16 @@
-"""Solver: incumbent makespan and lower bound over wall time; refreshes while a solve runs."""
+"""Solver: incumbent makespan and lower bound over the whole solve, live while it runs, and a
+notice when another solve starts."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from optpipe_lightning.inspector import charts, data, frames, ui
+from optpipe_lightning.schedule.units import time_unit
 
 REFRESH_SECONDS = 2.0
+WATCH_SECONDS = 3.0
 
 url = ui.db_url()
 st.title("Solver")
@@ -15,55 +19,116 @@ if runs.empty:
     ui.empty(
         "No solver runs in this database yet. `optpipe solve PROBLEM.json --db URL` records one."
     )
-
-ids = [int(x) for x in runs["id"]]
-labels = {
-    int(r.id): f"run #{r.id} · {r.backend} · {r.status} · problem {str(r.problem_hash)[:8]}"
-    for r in runs.itertuples()
-}
-raw = st.query_params.get("run")
-wanted = int(raw) if raw is not None and raw.isdigit() else None
-run_id = st.selectbox(
-    "solver run",
-    ids,
-    index=ids.index(wanted) if wanted in ids else 0,
-    format_func=lambda i: labels[i],
-    key="run",
+known = {int(x) for x in runs["id"]}
+# running runs come first (newest first): a page opened without a link shows the live one
+run_id = int(
+    ui.pick(
+        "solver run",
+        [int(x) for x in runs["id"]],
+        list(runs["label"]),
+        key="solver_run",
+        param="run",
+    )
 )
-st.query_params["run"] = str(run_id)
-run = runs[runs["id"] == run_id].iloc[0]
-running = run["status"] == "running"
-baselines = ui.load(data.baseline_makespans, url, str(run["problem_hash"]))
+ui.problem_details(url, str(runs[runs["id"] == run_id].iloc[0]["problem_hash"]))
 
 
-@st.fragment(run_every=REFRESH_SECONDS if running else None)
+def follow(run: int) -> None:
+    st.session_state["solver_run"] = run  # before the picker exists (a button callback)
+    st.query_params["run"] = str(run)
+
+
+@st.fragment(run_every=WATCH_SECONDS)
+def watch() -> None:
+    """Notice of runs started since the page was drawn; redraw the page to list them."""
+    fresh = data.solver_runs(url)
+    new = fresh[~fresh["id"].isin(known)]
+    if len(new):
+        for r in new.itertuples():
+            st.toast(f"New solver run: {r.label}", icon="⏱️")
+        st.rerun()  # the picker lists the new runs; this fragment then tells about them
+    others = fresh[(fresh["status"] == "running") & (fresh["id"] != run_id)]
+    for r in others.itertuples():
+        left, right = st.columns([5, 1])
+        left.info(f"Solving now: {r.label}.", icon="⏱️")
+        if right.button("follow it", key=f"follow_{r.id}", on_click=follow, args=(int(r.id),)):
+            st.rerun()  # the whole page, for the picker
+
+
+watch()
+
+
+def elapsed(row: pd.Series) -> float:
+    """Seconds from the run's start to its end, or to now while it runs."""
+    start = pd.Timestamp(row["started_at"])
+    end = pd.Timestamp(row["finished_at"]) if pd.notna(row["finished_at"]) else None
+    return max(((end or pd.Timestamp(data.now())) - start).total_seconds(), 0.0)
+
+
+page_running = bool(runs[runs["id"] == run_id].iloc[0]["status"] == "running")
+
+
+@st.fragment(run_every=REFRESH_SECONDS if page_running else None)
 def progress() -> None:
     fresh = data.solver_runs(url)
-    now = fresh[fresh["id"] == run_id]
-    status = str(now.iloc[0]["status"]) if len(now) else str(run["status"])
+    row = fresh[fresh["id"] == run_id].iloc[0]
+    running = row["status"] == "running"
     events = ui.load(data.solver_events, url, run_id)
-    gap = frames.solver_gap(events)
-    inc = events[events["series"] == "incumbent"]["makespan_ms"]
-    bound = events[events["series"] == "lower bound"]["makespan_ms"]
-    cols = st.columns(4)
-    cols[0].metric("status", status)
-    cols[1].metric("incumbent", ui.fmt_ms(float(inc.min()) if len(inc) else None))
-    cols[2].metric("lower bound", ui.fmt_ms(float(bound.max()) if len(bound) else None))
-    cols[3].metric("gap", ui.fmt_pct(gap))
-    if events.empty:
+    limit = row["time_limit"] if pd.notna(row["time_limit"]) else None
+    end = max(elapsed(row), max((e[0] for e in events), default=0.0))
+    frame = frames.solver_frame(events, end=end)
+    best, bound = frames.solver_best(frame)
+    cols = st.columns(5)
+    cols[0].metric("status", str(row["status"]))
+    cols[1].metric("incumbent", ui.fmt_s(best))
+    cols[2].metric("lower bound", ui.fmt_s(bound))
+    cols[3].metric("gap", ui.fmt_pct(frames.solver_gap(frame)))
+    cols[4].metric(
+        ("solving for" if running else "solved in") + (f" (limit {limit:g} s)" if limit else ""),
+        ui.fmt_s(end),
+    )
+    if running and limit and end > 2 * limit + 60:
+        st.warning(
+            f"This run started {ui.fmt_s(end)} ago with a {limit:g} s limit and never finished: "
+            "its process may have stopped."
+        )
+    if frame.empty:
         st.info("This run has reported no incumbent or bound yet.")
-    else:
-        ui.chart(charts.solver_chart(events, baselines), key="solver_chart")
-    if running and status != "running":
+        return
+    tu = time_unit(float(frame["makespan"].max()))
+    shown = frame.assign(makespan=frame["makespan"] / tu.scale)
+    lo, hi = float(shown["makespan"].min()), float(shown["makespan"].max())
+    pad = max(hi - lo, 0.02 * abs(hi)) * 0.08
+    baselines = {
+        k: v / tu.scale
+        for k, v in ui.load(data.baseline_makespans, url, str(row["problem_hash"])).items()
+    }
+    marks = frames.baseline_marks(baselines, lo - pad, hi + pad)
+    ui.chart(
+        charts.solver_chart(
+            shown,
+            marks,
+            unit=tu.name,
+            x_end=end,
+            y_domain=(lo - pad, hi + pad),
+            time_limit=limit,
+            finished=not running,
+        ),
+        key="solver_chart",
+    )
+    if running:
+        st.caption(f"Solving: this chart follows the run every {REFRESH_SECONDS:g} s.")
+    if baselines:
+        st.caption(
+            "Dashed grey lines: the baselines' makespans on this problem ("
+            + ", ".join(
+                f"{k} {ui.fmt_s(v * tu.scale)}"
+                for k, v in sorted(baselines.items(), key=lambda kv: kv[1])
+            )
+            + "); those off the axis are named above the chart."
+        )
+    if page_running and not running:
         st.rerun()  # the run ended: redraw the page without the timer
 
 
-if running:
-    st.caption(f"Solving: this chart refreshes every {REFRESH_SECONDS:g} s.")
 progress()
-if baselines:
-    st.caption(
-        "Dashed lines: makespan of each baseline schedule on this problem ("
-        + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(baselines.items(), key=lambda kv: kv[1]))
-        + ")."
-    )

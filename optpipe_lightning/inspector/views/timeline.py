@@ -1,4 +1,5 @@
-"""Timeline: per-device Gantt of one schedule (compute lane and copy lane per stage)."""
+"""Timeline: how busy each stage is, above a zoomable Gantt of every op (compute lane, and a
+lane per copy direction when the schedule offloads)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ st.title("Timeline")
 sid = ui.pick_schedule(url)
 view = ui.load(data.simulated, url, sid)
 s = view["summary"]
+unit = view["time_unit"]
 
 cols = st.columns(5)
-cols[0].metric("makespan", ui.fmt_ms(s["makespan_ms"]))
+cols[0].metric("makespan", ui.fmt_s(s["makespan"]))
 cols[1].metric("bubble rate", ui.fmt_pct(s["bubble_rate"]))
-cols[2].metric("stage-span bubble rate", ui.fmt_pct(s["stage_span_bubble_rate"]))
+cols[2].metric("stage-span bubble", ui.fmt_pct(s["stage_span_bubble_rate"]))
 cols[3].metric("offloaded activations", s["num_offloaded"])
 cols[4].metric("fits the memory limit", "yes" if s["feasible"] else "no")
 for message in view["violations"][:5]:
@@ -26,19 +28,32 @@ if timeline.empty:
     ui.empty(
         "This schedule cannot be timed (see the violations above), so there is nothing to draw."
     )
+copies = (timeline["lane"] != "compute").any()
 st.caption(
-    f"{len(timeline):,} ops. Each stage has a compute lane (F, B, W) and under it a copy lane "
-    "(OFFLOAD, RELOAD); gaps are idle time. Scroll to zoom, drag to pan, double-click to reset; "
-    "hover a bar for its stage, microbatch, chunk, start and duration."
+    "How busy each stage computes over the iteration (darker: busier; the label says how much "
+    "of the iteration the stage idles)."
 )
-ui.chart(charts.timeline_chart(ui.windowed(timeline, key="window")), key="timeline_chart")
+ui.chart(charts.busy_chart(view["busy"], unit=unit), key="busy_chart")
+st.caption(
+    f"{len(timeline):,} ops. Each stage has a compute lane (F, B, W)"
+    + (
+        ", and under it a device → host lane (OFFLOAD) and a host → device lane (RELOAD): the "
+        "copy engines work both ways at once"
+        if copies
+        else ""
+    )
+    + ". Gaps are idle time. Scroll to zoom, drag to pan, double-click to reset; hover a bar "
+    "for its stage, microbatch, chunk, start and duration."
+)
+detail = ui.windowed(timeline, key="window", unit=unit)
+ui.chart(charts.timeline_chart(detail, unit=unit), key="timeline_chart")
 
 with st.expander("idle time per stage"):
     ui.dataframe(
         view["idle"],
         column_config={
-            "busy_ms": st.column_config.NumberColumn("busy (ms)", format="%.3f"),
-            "idle_ms": st.column_config.NumberColumn("idle (ms)", format="%.3f"),
+            "busy": st.column_config.NumberColumn(f"busy ({unit})", format="%.3f"),
+            "idle": st.column_config.NumberColumn(f"idle ({unit})", format="%.3f"),
             "idle_fraction": st.column_config.NumberColumn("idle", format="percent"),
         },
     )

@@ -1,0 +1,158 @@
+"""Tidy frames of one training run for the Training page, from the rows ``data.training`` reads.
+
+Pure functions: lists of row dicts in (steps, metrics, switches, calibrations as the database's
+rows give them, times in seconds, bytes in bytes), frames in display units out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from ..schedule.units import Unit, byte_unit, format_seconds, time_unit
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def step_unit(steps: Rows) -> Unit:
+    """The time unit of the run's step times."""
+    return time_unit(max((float(r["measured_seconds"]) for r in steps), default=0.0))
+
+
+def step_frame(steps: Rows, unit: Unit) -> pd.DataFrame:
+    """Step times in long form: step, series (measured / predicted), value (in ``unit``)."""
+    rows = []
+    for r in steps:
+        step = int(r["step"])
+        if r.get("measured_seconds") is not None:
+            rows.append(
+                {"step": step, "series": "measured", "value": r["measured_seconds"] / unit.scale}
+            )
+        if r.get("predicted_seconds") is not None:
+            rows.append(
+                {"step": step, "series": "predicted", "value": r["predicted_seconds"] / unit.scale}
+            )
+    return pd.DataFrame(rows, columns=["step", "series", "value"])
+
+
+def metric_frame(metrics: Rows) -> pd.DataFrame:
+    """Metrics as a table: step, name, value (None where the run logged NaN / infinity)."""
+    return pd.DataFrame(
+        [{"step": int(r["step"]), "name": r["name"], "value": r["value"]} for r in metrics],
+        columns=["step", "name", "value"],
+    )
+
+
+def loss_frame(metrics: Rows) -> pd.DataFrame:
+    """Training and validation loss: step, series (train / validation), value."""
+    names = {"train_loss": "train", "val_loss": "validation"}
+    rows = [
+        {"step": int(r["step"]), "series": names[r["name"]], "value": r["value"]}
+        for r in metrics
+        if r["name"] in names and r["value"] is not None
+    ]
+    return pd.DataFrame(rows, columns=["step", "series", "value"])
+
+
+def throughput_frame(metrics: Rows, steps: Rows) -> tuple[pd.DataFrame, str]:
+    """Tokens per second when the run counted tokens, else samples per second, per step (the
+    count over the step's measured time); ``(frame with step and value, "tokens" | "samples")``."""
+    seconds = {int(r["step"]): float(r["measured_seconds"]) for r in steps}
+    counts: dict[str, dict[int, float]] = {"tokens": {}, "samples": {}}
+    for r in metrics:
+        if r["name"] in counts and r["value"] is not None:
+            counts[r["name"]][int(r["step"])] = float(r["value"])
+    what = "tokens" if counts["tokens"] else "samples"
+    rows = [
+        {"step": step, "value": n / seconds[step]}
+        for step, n in sorted(counts[what].items())
+        if seconds.get(step, 0.0) > 0
+    ]
+    return pd.DataFrame(rows, columns=["step", "value"]), what
+
+
+def memory_unit(steps: Rows, detail: Mapping[str, Any]) -> Unit:
+    peaks = [float(x) for r in steps for x in (r.get("peak_memory") or [])]
+    limits = [float(x) for x in (detail.get("memory_limit") or [])]
+    return byte_unit(max([*peaks, *limits, 0.0]))
+
+
+def rank_memory_frame(steps: Rows, unit: Unit) -> pd.DataFrame:
+    """Peak memory per rank and step: step, rank, value (in ``unit``)."""
+    rows = [
+        {"step": int(r["step"]), "rank": rank, "value": float(b) / unit.scale}
+        for r in steps
+        for rank, b in enumerate(r.get("peak_memory") or [])
+    ]
+    return pd.DataFrame(rows, columns=["step", "rank", "value"])
+
+
+def limit_frame(detail: Mapping[str, Any], ranks: int, unit: Unit) -> pd.DataFrame:
+    """What each rank's peak is held against: the limit the run recorded, else the device's
+    memory. Columns rank, limit (in ``unit``), what."""
+    recorded = detail.get("memory_limit")
+    if recorded:
+        rows = [
+            {"rank": r, "limit": float(x) / unit.scale, "what": "memory limit"}
+            for r, x in enumerate(recorded)
+        ]
+    elif detail.get("device_memory"):
+        rows = [
+            {"rank": r, "limit": float(detail["device_memory"]) / unit.scale, "what": "device"}
+            for r in range(ranks)
+        ]
+    else:
+        rows = []
+    return pd.DataFrame(rows, columns=["rank", "limit", "what"])
+
+
+def _gain(before: float | None, after: float | None) -> tuple[str, str]:
+    """('0.695 s -> 0.644 s (-7.4%)', '-7.4%') for a predicted step time change."""
+    if after is None:
+        return "", ""
+    if before is None or before <= 0:
+        return f"{format_seconds(after)} per step", ""
+    change = after / before - 1.0
+    pct = f"{change:+.1%}"
+    return f"{format_seconds(before)} → {format_seconds(after)} ({pct})", pct
+
+
+def events_frame(switches: Rows, calibrations: Rows, schedules: Mapping[int, str]) -> pd.DataFrame:
+    """Schedule switches and re-calibrations in step order: step, kind (switch / calibration),
+    what (schedules involved), gain (predicted step time before -> after), reason, short (the
+    chart's label)."""
+
+    def name(sid: Any) -> str:
+        if sid is None:
+            return "none"
+        return f"#{int(sid)} {schedules.get(int(sid), '')}".rstrip()
+
+    rows = []
+    for r in switches:
+        gain, pct = _gain(r.get("predicted_before"), r.get("predicted_after"))
+        rows.append(
+            {
+                "step": int(r["step"]),
+                "kind": "switch",
+                "what": f"{name(r.get('from_schedule_id'))} → {name(r.get('to_schedule_id'))}",
+                "gain": gain,
+                "reason": r.get("reason") or "",
+                "short": f"→ #{r.get('to_schedule_id')}" + (f" ({pct})" if pct else ""),
+            }
+        )
+    for r in calibrations:
+        gain, pct = _gain(r.get("predicted_before"), r.get("predicted_after"))
+        rows.append(
+            {
+                "step": int(r["step"]),
+                "kind": "calibration",
+                "what": name(r.get("schedule_id")),
+                "gain": gain,
+                "reason": r.get("reason") or "",
+                "short": "calibrated" + (f" ({pct})" if pct else ""),
+            }
+        )
+    df = pd.DataFrame(rows, columns=["step", "kind", "what", "gain", "reason", "short"])
+    return df.sort_values(["step", "kind"], kind="stable").reset_index(drop=True)
