@@ -36,15 +36,16 @@ out half the estimated build (``BUILD_PER_SIM``). What was skipped is listed in 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from ..schedule.bounds import lower_bound
+from ..schedule.chunking import Chunking, describe, own_chunking, rechunk, stamped
+from ..schedule.chunking import chunkings as all_chunkings
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import evaluate
@@ -59,10 +60,11 @@ from .feasibility import (
 from .fusing import fuse_where_faster
 from .heuristics import ListRule, default_rules, run_rule
 from .hints import tick_times
+from .incumbent import Best, Budget
 from .licence import RESTRICTED_MAX_CONSTRS, RESTRICTED_MAX_VARS, gurobi_license_status
 from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
-from .results import Incumbent, SolveResult
+from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
 from .rule_search import search_rules
 from .steady_bound import steady_state_bound
 from .ticks import OpKey, TickModel, fusable, tick_model
@@ -115,97 +117,11 @@ EXTRACT_SIMS = 3.0  # reserve for one extraction (actions from times, simulation
 # limit, at most STOP_RESERVE_MAX seconds
 STOP_RESERVE_SHARE = 0.01
 STOP_RESERVE_MAX = 0.5
-
-
-class Budget:
-    """The deadline of one solve, how long one simulation takes, and where the time went."""
-
-    def __init__(self, t0: float, time_limit: float) -> None:
-        self.t0 = t0
-        self.limit = time_limit
-        self.end = t0 + time_limit
-        self.sim_seconds = 0.0  # the longest simulation (or hint conversion) measured
-        # seconds of each heuristic rule that made a schedule (a list scheduling and one
-        # simulation: an upper bound of one simulation before one is measured)
-        self.rule_seconds: list[float] = []
-        self.phase_seconds: dict[str, float] = {}
-        self.skipped: list[str] = []
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def at(self, share: float) -> float:
-        """The moment ``share`` of the time limit has passed."""
-        return self.t0 + share * self.limit
-
-    def left(self, until: float | None = None) -> float:
-        return (self.end if until is None else until) - time.perf_counter()
-
-    def saw_simulation(self, seconds: float) -> None:
-        self.sim_seconds = max(self.sim_seconds, seconds)
-
-    def skip(self, what: str) -> None:
-        self.skipped.append(what)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - t)
-
-
-class _Best:
-    """The incumbent: best simulator-checked schedule so far, and the stream of improvements."""
-
-    def __init__(
-        self, problem: Problem, t0: float, cb: Callable[[Incumbent], None] | None, lb: float
-    ) -> None:
-        self.pb = problem
-        self.t0 = t0
-        self.cb = cb
-        self.lock = threading.Lock()
-        self.schedule: Schedule | None = None
-        self.makespan = float("inf")
-        self.source = ""
-        self.bound = lb
-        self.incumbents: list[Incumbent] = []
-
-    def offer(self, sched: Schedule | None, source: str) -> bool:
-        if sched is None or sched.evaluation is None:
-            return False
-        ev = sched.evaluation
-        if not ev.feasible or ev.makespan is None:
-            return False
-        with self.lock:
-            if ev.makespan >= self.makespan * (1 - _REL) - 1e-12:
-                return False
-            self.schedule = sched
-            self.makespan = ev.makespan
-            self.source = source
-            inc = Incumbent(
-                wall_time=time.perf_counter() - self.t0,
-                makespan=ev.makespan,
-                bound=self.bound,
-                source=source,
-            )
-            self.incumbents.append(inc)
-        if self.cb is not None:
-            self.cb(dataclasses.replace(inc, schedule=sched))
-        return True
-
-    def raise_bound(self, b: float) -> None:
-        with self.lock:
-            self.bound = max(self.bound, b)
-
-    def meets(self, gap_target: float) -> bool:
-        """Whether the best schedule is within the gap target of the bound (or meets it)."""
-        slack = max(gap_target * self.makespan, self.bound * 1e-9)
-        return self.schedule is not None and self.makespan - self.bound <= slack
+# with several chunkings (``layers_per_stage``), every chunking's list rules and baselines run
+# first, in equal slots of this share of the limit (the list rules in the first
+# SCREEN_RULES_SHARE of each slot); the whole search then runs on the best chunking
+SCREEN_SHARE = 0.4
+SCREEN_RULES_SHARE = 0.5
 
 
 def schedule_from_ticks(
@@ -332,6 +248,15 @@ def heuristic_candidates(
             yield name, sched
 
 
+@dataclass
+class _Screened:
+    """What the screening of one chunking already ran (its pipeline does not run it again)."""
+
+    starts: list[tuple[float, ListRule]] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+
+
 def solve(
     problem: Problem,
     *,
@@ -345,14 +270,24 @@ def solve(
     stop: threading.Event | None = None,
     deterministic_time: float | None = None,
     use_baselines: bool = True,
+    candidates: Sequence[Schedule] = (),
+    chunkings: Sequence[tuple[int, str]] | None = None,
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
     Returns within ``time_limit`` plus about one simulation of the problem (the module doc says
     how), except that the first schedule that fits is always found and kept. Raises
     ``InfeasibleMemoryLimit`` when no schedule fits (naming the smallest feasible limit) and
-    ``ValueError`` for an unknown backend. ``deterministic_time`` (CP-SAT's deterministic time
-    limit) makes runs with ``workers=1`` reproducible in tests.
+    ``ValueError`` for an unknown backend or a chunking the problem does not allow.
+    ``deterministic_time`` (CP-SAT's deterministic time limit) makes runs with ``workers=1``
+    reproducible in tests.
+
+    ``candidates``: schedules (evaluated, each for the problem or a re-chunking of it) that are
+    candidates of the search from the start, so the result is never slower than any of them
+    (``compare`` passes its baseline rows). ``chunkings``: the (chunk count, placement) pairs to
+    search; by default every one the problem's ``layers_per_stage`` allows (only its own without
+    it). The result's schedule is for the chunking that won: it embeds that problem and records
+    its ``num_chunks`` and ``placement``.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -360,36 +295,278 @@ def solve(
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit}")
     t0 = time.perf_counter()
     budget = Budget(t0, time_limit)
+    options = _options(problem, chunkings)
     with budget.phase("checks"):
-        check_memory_limit(problem)
-        lb = lower_bound(problem)
-    best = _Best(problem, t0, on_incumbent, lb)
+        feasible: list[tuple[Chunking, Problem]] = []
+        error: InfeasibleMemoryLimit | None = None
+        for ch, pb in options:
+            try:
+                check_memory_limit(pb)
+            except InfeasibleMemoryLimit as e:
+                error = error or e
+                continue
+            feasible.append((ch, pb))
+        if not feasible:
+            assert error is not None
+            raise error
+        bounds = {ch: lower_bound(pb) for ch, pb in feasible}
+    top = Best(problem, t0, on_incumbent, min(bounds.values()))
+    bests = {ch: Best(pb, t0, None, bounds[ch], parent=top) for ch, pb in feasible}
+    by_hash = {pb.hash: ch for ch, pb in feasible}
+    problems = dict(feasible)
     message: str | None = None
 
-    def stopped() -> bool:
-        return stop is not None and stop.is_set()
+    given = [c for c in candidates if c.problem_hash in by_hash]
+    if len(given) < len(candidates):
+        message = (
+            f"{len(candidates) - len(given)} candidate schedule(s) were made for another problem "
+            "(or a chunking not searched) and were ignored"
+        )
+    with budget.phase("candidates"):
+        for cand in given:
+            ch = by_hash[cand.problem_hash]
+            _offer_candidate(problems[ch], bests[ch], cand)
+    if hint is not None:
+        if hint.problem_hash not in by_hash:
+            note = "the hint was made for another problem and was ignored"
+            message = note if message is None else f"{message}; {note}"
+        else:
+            ch = by_hash[hint.problem_hash]
+            with budget.phase("hint"):
+                bests[ch].offer(hint.with_evaluation(evaluate(problems[ch], hint)), "hint")
 
+    args = _Args(backend, gap_target, seed, workers, stop, deterministic_time, use_baselines)
+    proven: set[Chunking] = set()
+    if len(feasible) == 1:
+        ch, pb = feasible[0]
+        used, ok, said = _pipeline(pb, bests[ch], budget, args, None, top)
+    else:
+        with budget.phase("screening"):
+            screened = _screen(feasible, bests, top, budget, args)
+        ch, pb = min(feasible, key=lambda x: (bests[x[0]].makespan, bests[x[0]].peak))
+        used, ok, said = _pipeline(pb, bests[ch], budget.rest(), args, screened[ch], top)
+    if ok:
+        proven.add(ch)
+    if said is not None:
+        message = said if message is None else f"{message}; {said}"
+
+    if top.schedule is None:
+        raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
+    makespan = top.makespan
+    # a chunking's bound holds for its schedules only: the solve's is the least of them
+    per_bound = {c: max(b.bound, b.makespan) if c in proven else b.bound for c, b in bests.items()}
+    bound = min(min(per_bound.values()), makespan)
+    gap = (makespan - bound) / makespan if makespan > 0 else 0.0
+    if gap <= 1e-9:
+        status = "optimal"
+        gap = 0.0
+        bound = makespan
+    else:
+        status = "heuristic" if used == "heuristic" else "feasible"
+    sched = top.schedule
+    params: dict[str, object] = {
+        "backend": used,
+        "time_limit": time_limit,
+        "seed": seed,
+        "gap": gap,
+        "gap_target": gap_target,
+        "lower_bound": bound,
+        "status": status,
+        "source": top.source,
+        "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
+    }
+    if len(bests) > 1:
+        params["chunkings"] = [
+            {
+                "num_chunks": c[0],
+                "placement": c[1],
+                "makespan": b.makespan if b.schedule is not None else None,
+                "lower_bound": per_bound[c],
+            }
+            for c, b in bests.items()
+        ]
+    if budget.skipped:
+        params["skipped"] = list(budget.skipped)
+        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
+            x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
+        )
+        message = note if message is None else f"{message}; {note}"
+    # every offered schedule carries the simulator's evaluation of exactly its actions on its
+    # problem (``Best.offer`` takes no other), so it is not simulated a second time here
+    own = sched.problem if sched.problem is not None else problem
+    final = stamped(
+        Schedule.built(
+            problem_hash=own.hash,
+            generator="optpipe",
+            params=params,
+            actions=list(sched.actions),
+            evaluation=sched.evaluation,
+            problem=own,
+        ),
+        own,
+    )
+    first = top.incumbents[0].wall_time if top.incumbents else 0.0
+    return SolveResult(
+        schedule=final,
+        makespan=makespan,
+        lower_bound=bound,
+        gap=gap,
+        status=status,
+        backend=used,
+        solve_seconds=time.perf_counter() - t0,
+        first_solution_seconds=first,
+        incumbents=list(top.incumbents),
+        message=message,
+    )
+
+
+@dataclass(frozen=True)
+class _Args:
+    backend: str
+    gap_target: float
+    seed: int
+    workers: int | None
+    stop: threading.Event | None
+    deterministic_time: float | None
+    use_baselines: bool
+
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+
+def _options(
+    problem: Problem, chunkings: Sequence[tuple[int, str]] | None
+) -> list[tuple[Chunking, Problem]]:
+    """The chunkings to search and the problem of each (the problem's own first)."""
+    todo = all_chunkings(problem) if chunkings is None else list(chunkings)
+    if not todo:
+        raise ValueError("chunkings must name at least one (num_chunks, placement)")
+    out: dict[Chunking, Problem] = {}
+    for v, pl in todo:
+        pb = rechunk(problem, v, pl)
+        ch = own_chunking(pb)
+        out.setdefault(ch, pb)
+    return list(out.items())
+
+
+def _offer_candidate(problem: Problem, best: Best, cand: Schedule) -> None:
+    """Offer a given schedule, simulated again only when its evaluation says it is better (so a
+    stale evaluation never wins, and many candidates cost no simulation each)."""
+    from ..schedule.baselines import BASELINE_NAMES
+
+    ev = cand.evaluation
+    if ev is not None and (not ev.feasible or ev.makespan is None or not best.better(ev)):
+        return
+    source = (
+        f"baseline:{cand.generator}"
+        if cand.generator in BASELINE_NAMES
+        else f"candidate:{cand.generator}"
+    )
+    best.offer(cand.with_evaluation(evaluate(problem, cand)), source)
+
+
+def _run_heuristics(
+    problem: Problem,
+    best: Best,
+    budget: Budget,
+    until: float,
+    args: _Args,
+    top: Best,
+    skipped: list[str],
+) -> list[tuple[float, ListRule]]:
+    """The list rules (``heuristic_candidates``) until ``until``; the first schedule that fits
+    (anywhere in the solve: ``top``) is always found. Returns (makespan, rule) of those that fit."""
+
+    def keep_going() -> bool:
+        return top.schedule is None or (time.perf_counter() < until and not args.stopped())
+
+    rules = {f"heuristic:{r.name}": r for r in default_rules(problem)}
+    starts: list[tuple[float, ListRule]] = []
+    for source, sched in heuristic_candidates(
+        problem,
+        None,
+        keep_going,
+        skipped,
+        budget.rule_seconds,
+        have_one=lambda: top.schedule is not None,
+    ):
+        best.offer(sched, source)
+        ev = sched.evaluation
+        if source in rules and ev is not None and ev.feasible and ev.makespan is not None:
+            starts.append((ev.makespan, rules[source]))
+    return starts
+
+
+def _screen(
+    options: list[tuple[Chunking, Problem]],
+    bests: dict[Chunking, Best],
+    top: Best,
+    budget: Budget,
+    args: _Args,
+) -> dict[Chunking, _Screened]:
+    """Every chunking's list rules, then its baselines, in equal slots of ``SCREEN_SHARE`` of
+    the limit (a slot's unused time goes to the next); the problem's own chunking first, so the
+    first answer comes as fast as with one chunking."""
+    out: dict[Chunking, _Screened] = {}
+    start = time.perf_counter()
+    until = budget.at(SCREEN_SHARE)
+    k = len(options)
+    for i, (ch, pb) in enumerate(options):
+        scr = _Screened()
+        out[ch] = scr
+        now = time.perf_counter()
+        slot_end = max(now, start + (until - start) * (i + 1) / k)
+        rules_end = now + SCREEN_RULES_SHARE * (slot_end - now)
+        skipped: list[str] = []
+        scr.starts = _run_heuristics(pb, bests[ch], budget, rules_end, args, top, skipped)
+        n_skips = len(budget.skipped)
+        if args.use_baselines and not args.stopped():
+            for name, sched in _baselines(
+                pb,
+                slot_end,
+                budget,
+                unfinished=scr.unfinished,
+                interrupted=scr.interrupted,
+            ):
+                bests[ch].offer(sched, f"baseline:{name}")
+        # one line per chunking (its pipeline, if it is the best, runs what is left)
+        del budget.skipped[n_skips:]
+        n_rules = sum(x.count(",") + 1 for x in skipped if x.startswith("heuristics not"))
+        parts = ([f"{n_rules} list rule(s)"] if n_rules else []) + (
+            [f"baseline(s) {', '.join(scr.unfinished)}"] if scr.unfinished else []
+        )
+        if parts:
+            budget.skip(f"screening {describe(ch)}: " + " and ".join(parts))
+    return out
+
+
+def _pipeline(
+    problem: Problem,
+    best: Best,
+    budget: Budget,
+    args: _Args,
+    screened: _Screened | None,
+    top: Best,
+) -> tuple[str, bool, str | None]:
+    """The whole search on one chunking's problem: (backend used, proven optimal, message).
+
+    Without ``screened``: heuristics, rule search, offload repair, baselines, bounds, periodic
+    patterns, fusing, the backend (module doc). With it, its rules' results start the rule
+    search and only its unfinished baselines run again."""
+    stop = args.stop
+    stopped = args.stopped
+    gap_target = args.gap_target
     heur_until = budget.at(HEURISTIC_SHARE)
 
     def keep_going() -> bool:
         # the first schedule that fits is always found; after it, only within the share
-        return best.schedule is None or (time.perf_counter() < heur_until and not stopped())
+        return top.schedule is None or (time.perf_counter() < heur_until and not stopped())
 
-    rules = {f"heuristic:{r.name}": r for r in default_rules(problem)}
-    starts: list[tuple[float, ListRule]] = []  # (makespan, rule) of the rules whose schedule fits
-    with budget.phase("heuristics"):
-        for source, sched in heuristic_candidates(
-            problem,
-            None,
-            keep_going,
-            budget.skipped,
-            budget.rule_seconds,
-            have_one=lambda: best.schedule is not None,
-        ):
-            best.offer(sched, source)
-            ev = sched.evaluation
-            if source in rules and ev is not None and ev.feasible and ev.makespan is not None:
-                starts.append((ev.makespan, rules[source]))
+    if screened is None:
+        with budget.phase("heuristics"):
+            starts = _run_heuristics(problem, best, budget, heur_until, args, top, budget.skipped)
+    else:
+        starts = screened.starts
 
     def gap_open() -> bool:
         return not best.meets(gap_target)
@@ -397,9 +574,10 @@ def solve(
     if starts and not stopped() and time.perf_counter() < heur_until and gap_open():
         # the rules' parameters tuned to this problem, before the offload repair (which can
         # take the rest of the share at 32x256x1); not once the bound proves the best optimal
+        tried = default_rules(problem)
         with budget.phase("rule search"):
             for rule, sched in search_rules(
-                problem, starts, lambda: keep_going() and gap_open(), tried=rules.values()
+                problem, starts, lambda: keep_going() and gap_open(), tried=tried
             ):
                 best.offer(sched, f"heuristic:{rule.name}")
     if (
@@ -411,17 +589,11 @@ def solve(
         with budget.phase("offload repair"):
             for sched in repaired_schedules(problem, deadline=heur_until):
                 best.offer(sched, f"heuristic:{sched.params['rule']}")
-    if hint is not None:
-        if hint.problem_hash != problem.hash:
-            message = "the hint was made for another problem and was ignored"
-        else:
-            with budget.phase("hint"):
-                best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
-    unfinished: list[str] = []
-    if use_baselines and not stopped() and gap_open():
+    unfinished: list[str] = [] if screened is None else list(screened.unfinished)
+    interrupted: list[str] = [] if screened is None else list(screened.interrupted)
+    if screened is None and args.use_baselines and not stopped() and gap_open():
         # baselines are hints only: they run (and are stopped) within the first half, and not
         # once the bound proves the best schedule optimal (v-half alone took 11 s at 32x256x2)
-        interrupted: list[str] = []
         with budget.phase("baselines"):
             for name, sched in _baselines(
                 problem,
@@ -431,20 +603,20 @@ def solve(
                 interrupted=interrupted,
             ):
                 best.offer(sched, f"baseline:{name}")
-        if interrupted and not stopped():
-            # one stopped while running gets another try first: on a machine slower than the
-            # shares assume, AdaOffload (the best answer where copies are slow, 2.6x better than
-            # the list schedules at 32x256x2, 0.25p, 2x) can need more than its half
-            unfinished = [n for n in unfinished if n not in interrupted]
-            with budget.phase("baselines (second chance)"):
-                for name, sched in _baselines(
-                    problem,
-                    budget.at(SECOND_CHANCE_SHARE),
-                    budget,
-                    names=interrupted,
-                    unfinished=unfinished,
-                ):
-                    best.offer(sched, f"baseline:{name}")
+    if interrupted and not stopped() and gap_open():
+        # one stopped while running gets another try first: on a machine slower than the
+        # shares assume, AdaOffload (the best answer where copies are slow, 2.6x better than
+        # the list schedules at 32x256x2, 0.25p, 2x) can need more than its half
+        unfinished = [n for n in unfinished if n not in interrupted]
+        with budget.phase("baselines (second chance)"):
+            for name, sched in _baselines(
+                problem,
+                budget.at(SECOND_CHANCE_SHARE),
+                budget,
+                names=interrupted,
+                unfinished=unfinished,
+            ):
+                best.offer(sched, f"baseline:{name}")
 
     if (
         best.schedule is not None
@@ -463,7 +635,7 @@ def solve(
             )
 
     if (
-        backend != "heuristic"
+        args.backend != "heuristic"
         and best.schedule is not None
         and not stopped()
         and gap_open()
@@ -471,7 +643,7 @@ def solve(
         and time.perf_counter() < budget.at(PERIODIC_SHARE)
     ):
         with budget.phase("periodic"):
-            _run_periodic(problem, best, budget, seed, workers, stop)
+            _run_periodic(problem, best, budget, args.seed, args.workers, stop)
 
     if best.schedule is not None and fusable(problem) and not stopped() and gap_open():
         # the rules and patterns run every backward split: fuse B, W pairs where that is faster
@@ -480,7 +652,7 @@ def solve(
             source = best.source
             best.offer(fuse_where_faster(problem, best.schedule, until), f"fused:{source}")
 
-    used, message = _choose_backend(problem, backend, best, message)
+    used, message = _choose_backend(problem, args.backend, best, None)
 
     proven_optimal = False
     if (
@@ -490,7 +662,15 @@ def solve(
         and (best.schedule is None or best.makespan > best.bound * (1 + 1e-9))
     ):
         proven_optimal = _run_backend(
-            used, problem, best, budget, gap_target, seed, workers, stop, deterministic_time
+            used,
+            problem,
+            best,
+            budget,
+            gap_target,
+            args.seed,
+            args.workers,
+            stop,
+            args.deterministic_time,
         )
     elif used != "heuristic" and best.schedule is not None and budget.left() <= 0:
         budget.skip(f"{used} search (no time left)")
@@ -502,65 +682,12 @@ def solve(
         with budget.phase("baselines (in the time left)"):
             for name, sched in _baselines(problem, until, budget, names=unfinished):
                 best.offer(sched, f"baseline:{name}")
-
-    if best.schedule is None:
-        raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
-    makespan = best.makespan
-    bound = min(best.bound, makespan)
-    if proven_optimal:
-        bound = makespan
-    gap = (makespan - bound) / makespan if makespan > 0 else 0.0
-    if gap <= 1e-9:
-        status = "optimal"
-        gap = 0.0
-    else:
-        status = "heuristic" if used == "heuristic" else "feasible"
-    sched = best.schedule
-    params: dict[str, object] = {
-        "backend": used,
-        "time_limit": time_limit,
-        "seed": seed,
-        "gap": gap,
-        "gap_target": gap_target,
-        "lower_bound": bound,
-        "status": status,
-        "source": best.source,
-        "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
-    }
-    if budget.skipped:
-        params["skipped"] = list(budget.skipped)
-        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
-            x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
-        )
-        message = note if message is None else f"{message}; {note}"
-    # every offered schedule carries the simulator's evaluation of exactly its actions on this
-    # problem (``_Best.offer`` takes no other), so it is not simulated a second time here
-    final = Schedule.built(
-        problem_hash=problem.hash,
-        generator="optpipe",
-        params=params,
-        actions=list(sched.actions),
-        evaluation=sched.evaluation,
-        problem=problem,
-    )
-    first = best.incumbents[0].wall_time if best.incumbents else 0.0
-    return SolveResult(
-        schedule=final,
-        makespan=makespan,
-        lower_bound=bound,
-        gap=gap,
-        status=status,
-        backend=used,
-        solve_seconds=time.perf_counter() - t0,
-        first_solution_seconds=first,
-        incumbents=list(best.incumbents),
-        message=message,
-    )
+    return used, proven_optimal, message
 
 
 def _run_periodic(
     problem: Problem,
-    best: _Best,
+    best: Best,
     budget: Budget,
     seed: int,
     workers: int | None,
@@ -592,7 +719,7 @@ def _workers(workers: int | None) -> int:
     return workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
 
 
-def _milp_size(problem: Problem, best: _Best) -> tuple[int, int, bool]:
+def _milp_size(problem: Problem, best: Best) -> tuple[int, int, bool]:
     """(variables, constraints, exact?) of the MILP; a lower estimate for large problems."""
     p, v, m = problem.num_stages, problem.num_chunks, problem.num_microbatches
     ops = 3 * p * v * m
@@ -609,7 +736,7 @@ def _milp_size(problem: Problem, best: _Best) -> tuple[int, int, bool]:
 
 
 def _choose_backend(
-    problem: Problem, backend: str, best: _Best, message: str | None
+    problem: Problem, backend: str, best: Best, message: str | None
 ) -> tuple[str, str | None]:
     """The backend that runs, and the plain reason when it is not the one asked for."""
     if backend in ("cpsat", "highs", "heuristic"):
@@ -647,7 +774,7 @@ def _choose_backend(
     return "gurobi", message
 
 
-def _horizon_guess(problem: Problem, best: _Best) -> float:
+def _horizon_guess(problem: Problem, best: Best) -> float:
     if best.schedule is not None:
         return best.makespan
     pb = problem
@@ -702,7 +829,7 @@ def backend_bounds_hold(problem: Problem, tm: TickModel, backend: str = "cpsat")
 def _run_backend(
     used: str,
     problem: Problem,
-    best: _Best,
+    best: Best,
     budget: Budget,
     gap_target: float,
     seed: int,
