@@ -122,6 +122,10 @@ STOP_RESERVE_MAX = 0.5
 # SCREEN_RULES_SHARE of each slot); the whole search then runs on the best chunking
 SCREEN_SHARE = 0.4
 SCREEN_RULES_SHARE = 0.5
+# where CP-SAT's exact model is too large (``TIGHT_MODEL_MAX``), the large-neighbourhood search
+# (``lns``: CP-SAT on one time window of the incumbent at a time) gets this share of the time
+# left before the backend (the relaxation) gets the rest
+LNS_SHARE = 0.5
 
 
 def schedule_from_ticks(
@@ -272,6 +276,7 @@ def solve(
     use_baselines: bool = True,
     candidates: Sequence[Schedule] = (),
     chunkings: Sequence[tuple[int, str]] | None = None,
+    lns: bool = True,
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
@@ -287,7 +292,8 @@ def solve(
     (``compare`` passes its baseline rows). ``chunkings``: the (chunk count, placement) pairs to
     search; by default every one the problem's ``layers_per_stage`` allows (only its own without
     it). The result's schedule is for the chunking that won: it embeds that problem and records
-    its ``num_chunks`` and ``placement``.
+    its ``num_chunks`` and ``placement``. ``lns``: run the large-neighbourhood search where
+    CP-SAT's exact model is too large (``LNS_SHARE``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -335,7 +341,7 @@ def solve(
             with budget.phase("hint"):
                 bests[ch].offer(hint.with_evaluation(evaluate(problems[ch], hint)), "hint")
 
-    args = _Args(backend, gap_target, seed, workers, stop, deterministic_time, use_baselines)
+    args = _Args(backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns)
     proven: set[Chunking] = set()
     if len(feasible) == 1:
         ch, pb = feasible[0]
@@ -429,6 +435,7 @@ class _Args:
     stop: threading.Event | None
     deterministic_time: float | None
     use_baselines: bool
+    lns: bool = True
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -652,6 +659,9 @@ def _pipeline(
             source = best.source
             best.offer(fuse_where_faster(problem, best.schedule, until), f"fused:{source}")
 
+    if args.lns and args.backend != "heuristic" and best.schedule is not None and gap_open():
+        _run_lns(problem, best, budget, args)
+
     used, message = _choose_backend(problem, args.backend, best, None)
 
     proven_optimal = False
@@ -683,6 +693,30 @@ def _pipeline(
             for name, sched in _baselines(problem, until, budget, names=unfinished):
                 best.offer(sched, f"baseline:{name}")
     return used, proven_optimal, message
+
+
+def _run_lns(problem: Problem, best: Best, budget: Budget, args: _Args) -> None:
+    """The large-neighbourhood search (``lns``) for ``LNS_SHARE`` of the time left, where CP-SAT's
+    exact model is too large; each improvement is offered."""
+    from . import lns
+    from .cpsat import tight_model_size
+
+    if args.stopped() or best.schedule is None or tight_model_size(problem) <= TIGHT_MODEL_MAX:
+        return
+    with budget.phase("lns"):
+        until = time.perf_counter() + LNS_SHARE * max(0.0, budget.left())
+        source = best.source
+        lns.improve(
+            problem,
+            best.schedule,
+            deadline=until,
+            on_better=lambda s: best.offer(s, f"lns:{source}"),
+            seed=args.seed,
+            workers=_workers(args.workers),
+            deterministic_time=args.deterministic_time,
+            stop=args.stop,
+            lower_bound=best.bound,
+        )
 
 
 def _run_periodic(
