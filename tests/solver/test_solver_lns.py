@@ -5,11 +5,11 @@ deadline is far away)."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
 
+import optpipe_lightning.solver.backend as backend_mod
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.schedule.bounds import lower_bound
@@ -102,14 +102,13 @@ def test_lns_keeps_a_schedule_it_cannot_improve() -> None:
 def test_solve_with_and_without_lns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where CP-SAT's exact model is too large LNS runs before the backend (here made to count
     as too large), and its improvements are the solve's incumbents."""
-    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
-    monkeypatch.setattr(solve_mod, "TIGHT_MODEL_MAX", 0)
+    monkeypatch.setattr(backend_mod, "TIGHT_MODEL_MAX", 0)
     pb = small(limit=2.0, copy=1.0)
     kw = dict(time_limit=4, workers=1, seed=0, deterministic_time=0.1, use_baselines=False)
     with_lns = solve(pb, **kw)  # type: ignore[arg-type]
     assert "lns" in with_lns.schedule.params["phase_seconds"]
     without = solve(pb, lns=False, **kw)  # type: ignore[arg-type]
     assert "lns" not in without.schedule.params["phase_seconds"]
-    monkeypatch.setattr(solve_mod, "TIGHT_MODEL_MAX", 10**9)
+    monkeypatch.setattr(backend_mod, "TIGHT_MODEL_MAX", 10**9)
     small_model = solve(pb, **kw)  # type: ignore[arg-type]
     assert "lns" not in small_model.schedule.params["phase_seconds"]  # CP-SAT's exact model
