@@ -1,9 +1,10 @@
 """The large-neighbourhood search and the chunk search against the best baseline (issue 22).
 
 For each problem: every baseline on every chunking its layers allow (the best row, as
-``optpipe compare`` prints it), then the solver side by side at the same time limit, in one run:
-without LNS (``solve(lns=False)``), with it, and (``--own-chunking``) with LNS on the problem's
-own chunk count only. Problems: the solver benchmark's (``bench_solver.make_problem``: F = B = W,
+``optpipe compare`` prints it), then the solver side by side at the same time limit, in one run,
+given those baseline schedules as candidates (as ``compare`` does): without LNS
+(``solve(lns=False)``), with it, and (``--own-chunking``, for problems with ``layers_per_stage``)
+with LNS on the problem's own chunk count only. Problems: the solver benchmark's (``bench_solver.make_problem``: F = B = W,
 copies 0.5x-2x a chunk's compute, limits a quarter or half of 1F1B's memory) and GPT layers with
 FlashAttention (per layer F = sbh(24h+4s), B = sbh(24h+8s), W = 24sbh^2 FLOPs at 400 TFLOP/s;
 activation 34sbh bytes, W-part 32sbh; PCIe 25 GB/s per direction, pairs of GPUs sharing a
@@ -19,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_solver import make_problem
 
-from optpipe_lightning.schedule import Problem
+from optpipe_lightning.schedule import Problem, Schedule
 from optpipe_lightning.schedule.baselines import (
     BASELINE_NAMES,
     NotApplicable,
@@ -85,15 +85,17 @@ def problems(quick: bool) -> list[Problem]:
     return out
 
 
-def best_baseline(pb: Problem) -> tuple[str, float | None, str, float]:
-    """(name, makespan, chunking, seconds) of the fastest baseline row that fits."""
-    t = time.perf_counter()
+def baselines(pb: Problem) -> tuple[list[Schedule], tuple[str, float | None, str]]:
+    """Every baseline schedule on every chunking, and (name, makespan, chunking) of the fastest
+    that fits."""
     best: tuple[str, float | None, str] = ("-", None, "-")
+    every: list[Schedule] = []
     for name in BASELINE_NAMES:
         try:
             made = generate_chunked(name, pb)
         except NotApplicable:
             continue
+        every += made
         for sched in made:
             ev = sched.evaluation
             assert ev is not None
@@ -103,10 +105,12 @@ def best_baseline(pb: Problem) -> tuple[str, float | None, str, float]:
                 v = sched.num_chunks or 1
                 label = f"v={v}" + (f" {sched.placement}" if v > 1 else "")
                 best = (name, ev.makespan, label)
-    return (*best, time.perf_counter() - t)
+    return every, best
 
 
-def _solved(pb: Problem, time_limit: float, lns: bool, own: bool) -> tuple[float, str, int]:
+def _solved(
+    pb: Problem, time_limit: float, lns: bool, own: bool, candidates: list[Schedule]
+) -> tuple[float, str, int]:
     res = solve(
         pb,
         time_limit=time_limit,
@@ -114,6 +118,8 @@ def _solved(pb: Problem, time_limit: float, lns: bool, own: bool) -> tuple[float
         seed=0,
         lns=lns,
         chunkings=[own_chunking(pb)] if own else None,
+        candidates=[c for c in candidates if not own or c.problem_hash == pb.hash],
+        use_baselines=False,
     )
     v = res.schedule.num_chunks or 1
     label = f"v={v}" + (f" {res.schedule.placement}" if v > 1 else "")
@@ -136,9 +142,9 @@ def main() -> None:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     print(head, flush=True)
     for pb in problems(args.quick):
-        name, base, chunk, _secs = best_baseline(pb)
-        plain, plain_ch, _ = _solved(pb, args.time_limit, lns=False, own=False)
-        with_lns, lns_ch, n_lns = _solved(pb, args.time_limit, lns=True, own=False)
+        every, (name, base, chunk) = baselines(pb)
+        plain, plain_ch, _ = _solved(pb, args.time_limit, False, False, every)
+        with_lns, lns_ch, n_lns = _solved(pb, args.time_limit, True, False, every)
         cells = [
             pb.name or pb.hash,
             f"{name} {base:.4g} ({chunk})" if base is not None else "none fits",
@@ -149,8 +155,11 @@ def main() -> None:
             f"{with_lns / base - 1:+.2%}" if base else "-",
         ]
         if args.own_chunking:
-            own, _own_ch, _ = _solved(pb, args.time_limit, lns=True, own=True)
-            cells.append(f"{own:.4g}")
+            if pb.layers() is None:
+                cells.append("-")
+            else:
+                own, _own_ch, _ = _solved(pb, args.time_limit, True, True, every)
+                cells.append(f"{own:.4g}")
         line = "| " + " | ".join(cells) + " |"
         lines.append(line)
         print(line, flush=True)
