@@ -90,6 +90,7 @@ def _row(
 ) -> dict[str, Any]:
     ev = schedule.evaluation
     assert ev is not None
+    v, placement = _chunking_of(schedule)
     return {
         "name": name,
         "makespan": ev.makespan,
@@ -101,7 +102,22 @@ def _row(
         "num_offloaded": ev.num_offloaded,
         "solve_seconds": solve_seconds,
         "lower_bound": bound,
+        "num_chunks": v,
+        "placement": placement,
     }
+
+
+def _chunking_of(schedule: Schedule) -> tuple[int, str]:
+    """The chunk count and placement a schedule was built for (recorded, else its problem's,
+    else what its actions use)."""
+    if schedule.num_chunks is not None:
+        return schedule.num_chunks, schedule.placement or "interleaved"
+    if schedule.problem is not None:
+        from .schedule.chunking import own_chunking
+
+        return own_chunking(schedule.problem)
+    v = 1 + max((a.chunk for row in schedule.actions for a in row), default=0)
+    return v, "interleaved"
 
 
 def _problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
@@ -119,6 +135,7 @@ def _problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
 
 
 def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
+    chunked = problem.layers() is not None
     title = (
         f"problem {problem.hash}: p={problem.num_stages} m={problem.num_microbatches} "
         f"v={problem.num_chunks}" + (f" ({problem.placement})" if problem.num_chunks > 1 else "")
@@ -128,6 +145,7 @@ def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str
     table = Table(title=title, title_justify="left")
     for col, justify in (
         ("schedule", "left"),
+        *((("chunks", "left"),) if chunked else ()),
         ("makespan", "right"),
         ("bubble", "right"),
         ("stage-span", "right"),
@@ -137,7 +155,7 @@ def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str
         ("solve", "right"),
         ("bound", "right"),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify)
     best = min((r["makespan"] for r in rows if r["feasible"]), default=None)
     for r in rows:
         peaks, limits = r["peak_memory"], r["memory_limit"]
@@ -147,8 +165,10 @@ def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str
         mk = _fmt_time(r["makespan"])
         if best is not None and r["feasible"] and r["makespan"] == best:
             mk = f"[bold green]{mk}[/]"
+        chunks = f"v={r['num_chunks']}" + (f" {r['placement']}" if r["num_chunks"] > 1 else "")
         table.add_row(
             r["name"],
+            *((chunks,) if chunked else ()),
             mk,
             "-" if r["bubble_rate"] is None else f"{r['bubble_rate']:.4f}",
             "-" if r["stage_span_bubble_rate"] is None else f"{r['stage_span_bubble_rate']:.4f}",
@@ -168,6 +188,35 @@ def _print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str
 ProblemArg = Annotated[Path, typer.Argument(help="problem JSON (format optpipe.problem/1)")]
 
 
+MarginOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-margin",
+        help="headroom kept free below each stage's memory limit: a fraction in [0, 1) "
+        "(0.05) or bytes (2GB, 2e9, 512MiB)",
+    ),
+]
+
+
+def _with_margin(problem: Problem, margin: str | None) -> Problem:
+    if margin is None:
+        return problem
+    from .schedule.margin import apply_memory_margin
+
+    try:
+        return apply_memory_margin(problem, margin)
+    except ValueError as e:
+        raise UserError(f"--memory-margin: {e}") from None
+
+
+def _least_bound(problem: Problem) -> float:
+    """The lower bound over every chunking the problem allows (each chunking's bound holds for
+    its own schedules only)."""
+    from .schedule.chunking import chunkings, rechunk
+
+    return min(lower_bound(rechunk(problem, v, pl)) for v, pl in chunkings(problem))
+
+
 @app.command()
 def compare(
     problem_path: ProblemArg,
@@ -176,27 +225,47 @@ def compare(
     solver: Annotated[str, typer.Option(help="solver backend")] = "auto",
     time_limit: Annotated[float, typer.Option(help="solver time limit, seconds")] = 10.0,
     seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
+    memory_margin: MarginOpt = None,
 ) -> None:
-    """Every applicable baseline and the solver on one problem, side by side."""
-    with user_errors():
-        problem = _load_problem(problem_path)
-        from .schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+    """Every applicable baseline and the solver on one problem, side by side.
 
-        bound = lower_bound(problem)
+    With ``layers_per_stage`` every row shows its best chunking. Every baseline schedule is a
+    candidate of the solver, so its row is never slower than a feasible row beside it.
+    """
+    with user_errors():
+        problem = _with_margin(_load_problem(problem_path), memory_margin)
+        from .schedule.baselines import (
+            BASELINE_NAMES,
+            NotApplicable,
+            best_schedule,
+            generate_chunked,
+        )
+
+        bound = _least_bound(problem)
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
+        candidates: list[Schedule] = []
         for name in BASELINE_NAMES:
             try:
-                sched = generate(name, problem)
+                made = generate_chunked(name, problem)
             except NotApplicable as e:
                 skipped[name] = str(e)
                 continue
             except (ImportError, AttributeError):
                 skipped[name] = "not available in this build"
                 continue
-            rows.append(_row(name, sched, bound))
+            candidates += made
+            rows.append(_row(name, best_schedule(made), bound))
         if not no_solve:
-            result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=None)
+            result = _run_solver(
+                problem,
+                solver,
+                time_limit,
+                seed,
+                quiet=as_json,
+                db_url=None,
+                candidates=candidates,
+            )
             rows.append(_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds))
         if as_json:
             doc = {
@@ -218,6 +287,7 @@ def _run_solver(
     quiet: bool,
     db_url: str | None,
     gap: float = 0.0,
+    candidates: list[Schedule] | None = None,
 ) -> Any:
     if time_limit <= 0:
         raise UserError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
@@ -259,6 +329,9 @@ def _run_solver(
             seed=seed,
             gap_target=gap,
             on_incumbent=on_incumbent,
+            # compare's baselines (every chunking) are candidates: they need not run again
+            candidates=candidates or (),
+            use_baselines=candidates is None,
         )
     if result.message and not quiet:
         err.print(f"optpipe: note: {result.message}", markup=False)
@@ -267,7 +340,8 @@ def _run_solver(
 
         recorder.close()
         with db.session() as s:
-            sid = repo.store_schedule(s, result.schedule, problem=problem, source="solver")
+            # the schedule embeds the problem it was built for (a re-chunking of this one)
+            sid = repo.store_schedule(s, result.schedule, source="solver")
             repo.finish_solver_run(
                 s,
                 run_id,
@@ -294,10 +368,13 @@ def solve(
         typer.Option(help="record the run and schedule in this database (SQLAlchemy URL)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+    memory_margin: MarginOpt = None,
 ) -> None:
-    """The fastest schedule that fits the memory limit, with offload decisions and a bound."""
+    """The fastest schedule that fits the memory limit, with offload decisions and a bound.
+
+    With ``layers_per_stage`` it also chooses the chunk count and placement."""
     with user_errors():
-        problem = _load_problem(problem_path)
+        problem = _with_margin(_load_problem(problem_path), memory_margin)
         if out_path is not None and out_path.is_dir():
             raise UserError(f"--out {out_path} is a directory; give a file name")
         result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=db, gap=gap)
@@ -355,6 +432,23 @@ def baseline(
             )
 
 
+def _schedule_problem(
+    problem: Problem, schedule: Schedule, schedule_path: Path, problem_path: Path
+) -> Problem:
+    """The problem to check a schedule against: the one given, or the re-chunking of it the
+    schedule was built for (``layers_per_stage``)."""
+    from .schedule.chunking import problem_for
+
+    try:
+        return problem_for(problem, schedule)
+    except ScheduleMismatchError:
+        raise UserError(
+            f"{schedule_path} was made for problem {schedule.problem_hash}, but "
+            f"{problem_path} is problem {problem.hash} (and not a re-chunking of it); "
+            "simulate it with its own problem"
+        ) from None
+
+
 @app.command(name="simulate")
 def simulate_cmd(
     problem_path: ProblemArg,
@@ -363,13 +457,10 @@ def simulate_cmd(
 ) -> None:
     """Evaluate a given schedule on a problem: timing, memory, and every violation."""
     with user_errors():
-        problem = _load_problem(problem_path)
+        problem = _schedule_problem(
+            _load_problem(problem_path), _load_schedule(schedule_path), schedule_path, problem_path
+        )
         schedule = _load_schedule(schedule_path)
-        if schedule.problem_hash != problem.hash:
-            raise UserError(
-                f"{schedule_path} was made for problem {schedule.problem_hash}, but "
-                f"{problem_path} is problem {problem.hash}; simulate it with its own problem"
-            )
         ev = simulate(problem, schedule).evaluation
         if as_json:
             sys.stdout.write(
@@ -408,7 +499,9 @@ def trace(
     with user_errors():
         schedule = _load_schedule(schedule_path)
         if problem_path is not None:
-            problem = _load_problem(problem_path)
+            problem = _schedule_problem(
+                _load_problem(problem_path), schedule, schedule_path, problem_path
+            )
         elif schedule.problem is not None:
             problem = schedule.problem
         else:

@@ -85,6 +85,11 @@ class Problem(_Strict):
     m_w: PerStage = -0.5
     memory_limit: float | list[float] | None = None
     offload: OffloadSpec | None = None
+    layers_per_stage: int | list[int] | None = Field(
+        default=None,
+        description="equal layers each stage holds (one number or a list per stage): tools may "
+        "split a stage into any chunk count dividing them (``schedule.chunking``)",
+    )
     name: str | None = Field(default=None, description="free-form label, not part of the hash")
 
     @field_validator("t_f", "t_b", "t_w", "t_bw", "t_comm", "m_f", "m_b", "m_w")
@@ -142,7 +147,28 @@ class Problem(_Strict):
                     if s in seen:
                         raise ValueError(f"offload.channel_groups names stage {s} twice")
                     seen.add(s)
+        self._check_layers()
         return self
+
+    def _check_layers(self) -> None:
+        lay = self.layers_per_stage
+        if lay is None:
+            return
+        p, v = self.num_stages, self.num_chunks
+        layers = [lay] * p if isinstance(lay, int) else lay
+        if len(layers) != p:
+            raise ValueError(
+                f"layers_per_stage has {len(layers)} entries, expected num_stages={p} "
+                "(or give one number for all stages)"
+            )
+        if any(x < 1 for x in layers):
+            raise ValueError("layers_per_stage must be whole numbers >= 1 (layers on each stage)")
+        for s, n in enumerate(layers):
+            if n % v:
+                raise ValueError(
+                    f"layers_per_stage: num_chunks={v} does not divide the {n} layers of stage "
+                    f"{s}; give a num_chunks that divides every stage's layers, or other layers"
+                )
 
     # ---- derived views -------------------------------------------------------------------
 
@@ -169,6 +195,13 @@ class Problem(_Strict):
         for a in out.values():
             a.setflags(write=False)
         return out
+
+    def layers(self) -> list[int] | None:
+        """``layers_per_stage`` as one count per stage (None when not given)."""
+        lay = self.layers_per_stage
+        if lay is None:
+            return None
+        return [lay] * self.num_stages if isinstance(lay, int) else list(lay)
 
     @property
     def num_virtual_stages(self) -> int:
@@ -237,6 +270,8 @@ class Problem(_Strict):
             # only when given, so problems without it keep their hash
             **({"t_bw": self._arrays["t_bw"].tolist()} if self.t_bw is not None else {}),
             "memory_limit": self.memory_limits(),
+            # only when given, so problems without it keep their hash
+            **({"layers_per_stage": self.layers()} if self.layers_per_stage is not None else {}),
             "offload": None
             if self.offload is None
             else {

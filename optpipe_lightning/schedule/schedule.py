@@ -122,6 +122,15 @@ class Schedule(_Strict):
     problem: Problem | None = Field(
         default=None, description="the problem itself, so the file is self-contained (optional)"
     )
+    num_chunks: int | None = Field(
+        default=None,
+        ge=1,
+        description="chunks per device of the problem it was built for (solve and compare "
+        "record it: with layers_per_stage that may be a re-chunking of the problem given)",
+    )
+    placement: Literal["interleaved", "vshape"] | None = Field(
+        default=None, description="the placement of those chunks (recorded with num_chunks)"
+    )
 
     @property
     def num_stages(self) -> int:

@@ -9,11 +9,12 @@ copies are slow and the gap wide); where copies are as slow
 as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
-most ``FUSING_SHARE`` of the limit); keep the best the simulator accepts (first incumbent,
-fallback, hint and horizon); then CP-SAT (default), Gurobi (when its licence allows) or HiGHS
-searches with that hint (CP-SAT's exact model first for ``OFFLOADS_FIXED_SHARE`` of its time with
-the hint's offload decisions fixed, and where it may fuse, ``FUSED_FIXED_SHARE`` with the hint's
-fused-or-split choices fixed). Every solution a
+most ``FUSING_SHARE`` of the limit); where CP-SAT's exact model is too large, the
+large-neighbourhood search (``lns``, ``LNS_SHARE`` of the time left); keep the best the simulator
+accepts (first incumbent, fallback, hint and horizon); then CP-SAT (default), Gurobi (when its
+licence allows) or HiGHS searches with that hint (``backend``: CP-SAT's exact model first for
+``OFFLOADS_FIXED_SHARE`` of its time with the hint's offload decisions fixed, and where it may
+fuse, ``FUSED_FIXED_SHARE`` with the hint's fused-or-split choices fixed). Every solution a
 backend reports is turned into action lists and re-evaluated by the one simulator; only the
 simulator's makespan is reported.
 
@@ -29,27 +30,40 @@ extraction that no longer fits is skipped. Two exceptions: the first schedule th
 found, however small the limit (the heuristics run until one fits; the minimal-memory order, which
 fits whenever any order does, comes right after the first rule that does not), and a CP-SAT stop
 that arrives while its model is still being built is lost, so the backend's own limit also leaves
-out half the estimated build (``BUILD_PER_SIM``). What was skipped is listed in the schedule's
-``params["skipped"]`` and in ``message``; the seconds each phase took in
+out half the estimated build (``backend.BUILD_PER_SIM``). What was skipped is listed in the
+schedule's ``params["skipped"]`` and in ``message``; the seconds each phase took in
 ``params["phase_seconds"]``.
+
+Chunks as a decision: with ``layers_per_stage`` (or ``chunkings=``) every chunking's list rules
+and baselines are screened first (``SCREEN_SHARE``), then the pipeline above runs on the best;
+given ``candidates`` are incumbents from the start, so the result is never slower than any.
+Among equally fast schedules the one with the lowest peak share of the limit wins
+(``incumbent.Best``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from ..schedule.bounds import lower_bound
+from ..schedule.chunking import Chunking, describe, own_chunking, rechunk, stamped
+from ..schedule.chunking import chunkings as all_chunkings
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import evaluate
-from . import fusing, periodic
-from .extract import actions_from_times, repair
+from . import backend, periodic
+from .backend import (
+    STOP_RESERVE_MAX,
+    STOP_RESERVE_SHARE,
+    choose_backend,
+    run_backend,
+    schedule_from_ticks,
+    worker_count,
+)
+from .backend import backend_bounds_hold as backend_bounds_hold  # (re-exported)
 from .feasibility import (
     check_memory_limit,
     infeasible_error,
@@ -58,23 +72,15 @@ from .feasibility import (
 )
 from .fusing import fuse_where_faster
 from .heuristics import ListRule, default_rules, run_rule
-from .hints import tick_times
-from .licence import RESTRICTED_MAX_CONSTRS, RESTRICTED_MAX_VARS, gurobi_license_status
+from .incumbent import Best, Budget
 from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
-from .results import Incumbent, SolveResult
+from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
 from .rule_search import search_rules
 from .steady_bound import steady_state_bound
-from .ticks import OpKey, TickModel, fusable, tick_model
+from .ticks import fusable, tick_model
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
-# largest tight CP-SAT model (estimated literals) before the relaxation is used instead
-TIGHT_MODEL_MAX = 12_000
-# ops above which the MILP is not even built to count it (it grows with their square)
-MILP_BUILD_MAX_OPS = 600
-# with a full Gurobi licence, "auto" uses Gurobi only up to this many MILP variables: on larger
-# models CP-SAT was measured better (solver note); ask for backend="gurobi" to force it
-AUTO_GUROBI_MAX_VARS = 20_000
 _REL = 1e-9
 # phase deadlines as shares of the time limit (see the module doc)
 HEURISTIC_SHARE = 0.25
@@ -84,13 +90,6 @@ SECOND_CHANCE_SHARE = 0.75
 # periodic patterns (where copies are as slow as compute or slower) run until this share; the
 # backend, hinted with the best, gets the rest
 PERIODIC_SHARE = 0.75
-# CP-SAT's exact model first searches the timing of the hint's offload decisions, fixed, for this
-# share of its time (``cpsat.solve_cpsat``), then the whole model. Not the relaxation: there it
-# made no difference beyond noise at 8x32 and slowed a proof at 4x8x2 (0.5p 0.5x: 42 s, not 5 s)
-OFFLOADS_FIXED_SHARE = 0.25
-# where CP-SAT may fuse backwards, it first searches with the hint's fused-or-split choices fixed
-# for this share of its time, then with them free (``cpsat.solve_cpsat``)
-FUSED_FIXED_SHARE = 0.5
 # at most this share of the time limit goes to fusing B, W pairs of the best schedule before the
 # backend (``fusing``: one simulation per stage)
 FUSING_SHARE = 0.05
@@ -103,135 +102,15 @@ FUSING_SHARE = 0.05
 STEADY_SHARE = 0.05
 STEADY_SHARE_WIDE = 0.3
 STEADY_WIDE_GAP = 0.05
-# CP-SAT's model build, estimated from one hint conversion (a simulation plus a pass over the
-# ops): the build took 3.7-10x that at 32x256x2 (six runs, 2 cores). The backend is not started
-# with less than MIN_BACKEND_BUILDS builds' time left; it is stopped at the limit less the
-# reserve for extracting its last solution, and its own time limit leaves out half a build
-BUILD_PER_SIM = 10.0
-MIN_BACKEND_BUILDS = 2.0
-EXTRACT_SIMS = 3.0  # reserve for one extraction (actions from times, simulation, repair)
-# and for the backend to wind down once stopped: CP-SAT returned 0.1-0.35 s after its stop at
-# 16x64x2 (2 workers), whatever the simulation time; the reserve is this share of the time
-# limit, at most STOP_RESERVE_MAX seconds
-STOP_RESERVE_SHARE = 0.01
-STOP_RESERVE_MAX = 0.5
-
-
-class Budget:
-    """The deadline of one solve, how long one simulation takes, and where the time went."""
-
-    def __init__(self, t0: float, time_limit: float) -> None:
-        self.t0 = t0
-        self.limit = time_limit
-        self.end = t0 + time_limit
-        self.sim_seconds = 0.0  # the longest simulation (or hint conversion) measured
-        # seconds of each heuristic rule that made a schedule (a list scheduling and one
-        # simulation: an upper bound of one simulation before one is measured)
-        self.rule_seconds: list[float] = []
-        self.phase_seconds: dict[str, float] = {}
-        self.skipped: list[str] = []
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def at(self, share: float) -> float:
-        """The moment ``share`` of the time limit has passed."""
-        return self.t0 + share * self.limit
-
-    def left(self, until: float | None = None) -> float:
-        return (self.end if until is None else until) - time.perf_counter()
-
-    def saw_simulation(self, seconds: float) -> None:
-        self.sim_seconds = max(self.sim_seconds, seconds)
-
-    def skip(self, what: str) -> None:
-        self.skipped.append(what)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - t)
-
-
-class _Best:
-    """The incumbent: best simulator-checked schedule so far, and the stream of improvements."""
-
-    def __init__(
-        self, problem: Problem, t0: float, cb: Callable[[Incumbent], None] | None, lb: float
-    ) -> None:
-        self.pb = problem
-        self.t0 = t0
-        self.cb = cb
-        self.lock = threading.Lock()
-        self.schedule: Schedule | None = None
-        self.makespan = float("inf")
-        self.source = ""
-        self.bound = lb
-        self.incumbents: list[Incumbent] = []
-
-    def offer(self, sched: Schedule | None, source: str) -> bool:
-        if sched is None or sched.evaluation is None:
-            return False
-        ev = sched.evaluation
-        if not ev.feasible or ev.makespan is None:
-            return False
-        with self.lock:
-            if ev.makespan >= self.makespan * (1 - _REL) - 1e-12:
-                return False
-            self.schedule = sched
-            self.makespan = ev.makespan
-            self.source = source
-            inc = Incumbent(
-                wall_time=time.perf_counter() - self.t0,
-                makespan=ev.makespan,
-                bound=self.bound,
-                source=source,
-            )
-            self.incumbents.append(inc)
-        if self.cb is not None:
-            self.cb(dataclasses.replace(inc, schedule=sched))
-        return True
-
-    def raise_bound(self, b: float) -> None:
-        with self.lock:
-            self.bound = max(self.bound, b)
-
-    def meets(self, gap_target: float) -> bool:
-        """Whether the best schedule is within the gap target of the bound (or meets it)."""
-        slack = max(gap_target * self.makespan, self.bound * 1e-9)
-        return self.schedule is not None and self.makespan - self.bound <= slack
-
-
-def schedule_from_ticks(
-    problem: Problem,
-    tm: TickModel,
-    starts: dict[OpKey, int],
-    ends: dict[OpKey, int],
-    source: str,
-    max_moves: int = 200,
-) -> Schedule | None:
-    """Action lists from a backend's tick times, repaired (at most ``max_moves`` re-simulations)
-    and evaluated by the simulator."""
-    st = {k: v * tm.tick for k, v in starts.items()}
-    en = {k: v * tm.tick for k, v in ends.items()}
-    rows = actions_from_times(problem, st, en)
-    res = repair(problem, rows, max_moves=max_moves)
-    if not res.feasible:
-        return None
-    return Schedule.built(
-        problem_hash=problem.hash,
-        generator="optpipe-solver",
-        params={"source": source},
-        actions=rows,
-        evaluation=res.evaluation,
-        problem=problem,
-    )
+# with several chunkings (``layers_per_stage``), every chunking's list rules and baselines run
+# first, in equal slots of this share of the limit (the list rules in the first
+# SCREEN_RULES_SHARE of each slot); the whole search then runs on the best chunking
+SCREEN_SHARE = 0.4
+SCREEN_RULES_SHARE = 0.5
+# where CP-SAT's exact model is too large (``TIGHT_MODEL_MAX``), the large-neighbourhood search
+# (``lns``: CP-SAT on one time window of the incumbent at a time) gets this share of the time
+# left before the backend (the relaxation) gets the rest
+LNS_SHARE = 0.5
 
 
 def _baselines(
@@ -332,6 +211,15 @@ def heuristic_candidates(
             yield name, sched
 
 
+@dataclass
+class _Screened:
+    """What the screening of one chunking already ran (its pipeline does not run it again)."""
+
+    starts: list[tuple[float, ListRule]] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+
+
 def solve(
     problem: Problem,
     *,
@@ -345,14 +233,26 @@ def solve(
     stop: threading.Event | None = None,
     deterministic_time: float | None = None,
     use_baselines: bool = True,
+    candidates: Sequence[Schedule] = (),
+    chunkings: Sequence[tuple[int, str]] | None = None,
+    lns: bool = True,
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
     Returns within ``time_limit`` plus about one simulation of the problem (the module doc says
     how), except that the first schedule that fits is always found and kept. Raises
     ``InfeasibleMemoryLimit`` when no schedule fits (naming the smallest feasible limit) and
-    ``ValueError`` for an unknown backend. ``deterministic_time`` (CP-SAT's deterministic time
-    limit) makes runs with ``workers=1`` reproducible in tests.
+    ``ValueError`` for an unknown backend or a chunking the problem does not allow.
+    ``deterministic_time`` (CP-SAT's deterministic time limit) makes runs with ``workers=1``
+    reproducible in tests.
+
+    ``candidates``: schedules (evaluated, each for the problem or a re-chunking of it) that are
+    candidates of the search from the start, so the result is never slower than any of them
+    (``compare`` passes its baseline rows). ``chunkings``: the (chunk count, placement) pairs to
+    search; by default every one the problem's ``layers_per_stage`` allows (only its own without
+    it). The result's schedule is for the chunking that won: it embeds that problem and records
+    its ``num_chunks`` and ``placement``. ``lns``: run the large-neighbourhood search where
+    CP-SAT's exact model is too large (``LNS_SHARE``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -360,36 +260,279 @@ def solve(
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit}")
     t0 = time.perf_counter()
     budget = Budget(t0, time_limit)
+    options = _options(problem, chunkings)
     with budget.phase("checks"):
-        check_memory_limit(problem)
-        lb = lower_bound(problem)
-    best = _Best(problem, t0, on_incumbent, lb)
+        feasible: list[tuple[Chunking, Problem]] = []
+        error: InfeasibleMemoryLimit | None = None
+        for ch, pb in options:
+            try:
+                check_memory_limit(pb)
+            except InfeasibleMemoryLimit as e:
+                error = error or e
+                continue
+            feasible.append((ch, pb))
+        if not feasible:
+            assert error is not None
+            raise error
+        bounds = {ch: lower_bound(pb) for ch, pb in feasible}
+    top = Best(problem, t0, on_incumbent, min(bounds.values()))
+    bests = {ch: Best(pb, t0, None, bounds[ch], parent=top) for ch, pb in feasible}
+    by_hash = {pb.hash: ch for ch, pb in feasible}
+    problems = dict(feasible)
     message: str | None = None
 
-    def stopped() -> bool:
-        return stop is not None and stop.is_set()
+    given = [c for c in candidates if c.problem_hash in by_hash]
+    if len(given) < len(candidates):
+        message = (
+            f"{len(candidates) - len(given)} candidate schedule(s) were made for another problem "
+            "(or a chunking not searched) and were ignored"
+        )
+    with budget.phase("candidates"):
+        for cand in given:
+            ch = by_hash[cand.problem_hash]
+            _offer_candidate(problems[ch], bests[ch], cand)
+    if hint is not None:
+        if hint.problem_hash not in by_hash:
+            note = "the hint was made for another problem and was ignored"
+            message = note if message is None else f"{message}; {note}"
+        else:
+            ch = by_hash[hint.problem_hash]
+            with budget.phase("hint"):
+                bests[ch].offer(hint.with_evaluation(evaluate(problems[ch], hint)), "hint")
 
+    args = _Args(backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns)
+    proven: set[Chunking] = set()
+    if len(feasible) == 1:
+        ch, pb = feasible[0]
+        used, ok, said = _pipeline(pb, bests[ch], budget, args, None, top)
+    else:
+        with budget.phase("screening"):
+            screened = _screen(feasible, bests, top, budget, args)
+        ch, pb = min(feasible, key=lambda x: (bests[x[0]].makespan, bests[x[0]].peak))
+        used, ok, said = _pipeline(pb, bests[ch], budget.rest(), args, screened[ch], top)
+    if ok:
+        proven.add(ch)
+    if said is not None:
+        message = said if message is None else f"{message}; {said}"
+
+    if top.schedule is None:
+        raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
+    makespan = top.makespan
+    # a chunking's bound holds for its schedules only: the solve's is the least of them
+    per_bound = {c: max(b.bound, b.makespan) if c in proven else b.bound for c, b in bests.items()}
+    bound = min(min(per_bound.values()), makespan)
+    gap = (makespan - bound) / makespan if makespan > 0 else 0.0
+    if gap <= 1e-9:
+        status = "optimal"
+        gap = 0.0
+        bound = makespan
+    else:
+        status = "heuristic" if used == "heuristic" else "feasible"
+    sched = top.schedule
+    params: dict[str, object] = {
+        "backend": used,
+        "time_limit": time_limit,
+        "seed": seed,
+        "gap": gap,
+        "gap_target": gap_target,
+        "lower_bound": bound,
+        "status": status,
+        "source": top.source,
+        "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
+    }
+    if len(bests) > 1:
+        params["chunkings"] = [
+            {
+                "num_chunks": c[0],
+                "placement": c[1],
+                "makespan": b.makespan if b.schedule is not None else None,
+                "lower_bound": per_bound[c],
+            }
+            for c, b in bests.items()
+        ]
+    if budget.skipped:
+        params["skipped"] = list(budget.skipped)
+        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
+            x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
+        )
+        message = note if message is None else f"{message}; {note}"
+    # every offered schedule carries the simulator's evaluation of exactly its actions on its
+    # problem (``Best.offer`` takes no other), so it is not simulated a second time here
+    own = sched.problem if sched.problem is not None else problem
+    final = stamped(
+        Schedule.built(
+            problem_hash=own.hash,
+            generator="optpipe",
+            params=params,
+            actions=list(sched.actions),
+            evaluation=sched.evaluation,
+            problem=own,
+        ),
+        own,
+    )
+    first = top.incumbents[0].wall_time if top.incumbents else 0.0
+    return SolveResult(
+        schedule=final,
+        makespan=makespan,
+        lower_bound=bound,
+        gap=gap,
+        status=status,
+        backend=used,
+        solve_seconds=time.perf_counter() - t0,
+        first_solution_seconds=first,
+        incumbents=list(top.incumbents),
+        message=message,
+    )
+
+
+@dataclass(frozen=True)
+class _Args:
+    backend: str
+    gap_target: float
+    seed: int
+    workers: int | None
+    stop: threading.Event | None
+    deterministic_time: float | None
+    use_baselines: bool
+    lns: bool = True
+
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+
+def _options(
+    problem: Problem, chunkings: Sequence[tuple[int, str]] | None
+) -> list[tuple[Chunking, Problem]]:
+    """The chunkings to search and the problem of each (the problem's own first)."""
+    todo = all_chunkings(problem) if chunkings is None else list(chunkings)
+    if not todo:
+        raise ValueError("chunkings must name at least one (num_chunks, placement)")
+    out: dict[Chunking, Problem] = {}
+    for v, pl in todo:
+        pb = rechunk(problem, v, pl)
+        ch = own_chunking(pb)
+        out.setdefault(ch, pb)
+    return list(out.items())
+
+
+def _offer_candidate(problem: Problem, best: Best, cand: Schedule) -> None:
+    """Offer a given schedule, simulated again only when its evaluation says it is better (so a
+    stale evaluation never wins, and many candidates cost no simulation each)."""
+    from ..schedule.baselines import BASELINE_NAMES
+
+    ev = cand.evaluation
+    if ev is not None and (not ev.feasible or ev.makespan is None or not best.better(ev)):
+        return
+    source = (
+        f"baseline:{cand.generator}"
+        if cand.generator in BASELINE_NAMES
+        else f"candidate:{cand.generator}"
+    )
+    best.offer(cand.with_evaluation(evaluate(problem, cand)), source)
+
+
+def _run_heuristics(
+    problem: Problem,
+    best: Best,
+    budget: Budget,
+    until: float,
+    args: _Args,
+    top: Best,
+    skipped: list[str],
+) -> list[tuple[float, ListRule]]:
+    """The list rules (``heuristic_candidates``) until ``until``; the first schedule that fits
+    (anywhere in the solve: ``top``) is always found. Returns (makespan, rule) of those that fit."""
+
+    def keep_going() -> bool:
+        return top.schedule is None or (time.perf_counter() < until and not args.stopped())
+
+    rules = {f"heuristic:{r.name}": r for r in default_rules(problem)}
+    starts: list[tuple[float, ListRule]] = []
+    for source, sched in heuristic_candidates(
+        problem,
+        None,
+        keep_going,
+        skipped,
+        budget.rule_seconds,
+        have_one=lambda: top.schedule is not None,
+    ):
+        best.offer(sched, source)
+        ev = sched.evaluation
+        if source in rules and ev is not None and ev.feasible and ev.makespan is not None:
+            starts.append((ev.makespan, rules[source]))
+    return starts
+
+
+def _screen(
+    options: list[tuple[Chunking, Problem]],
+    bests: dict[Chunking, Best],
+    top: Best,
+    budget: Budget,
+    args: _Args,
+) -> dict[Chunking, _Screened]:
+    """Every chunking's list rules, then its baselines, in equal slots of ``SCREEN_SHARE`` of
+    the limit (a slot's unused time goes to the next); the problem's own chunking first, so the
+    first answer comes as fast as with one chunking."""
+    out: dict[Chunking, _Screened] = {}
+    start = time.perf_counter()
+    until = budget.at(SCREEN_SHARE)
+    k = len(options)
+    for i, (ch, pb) in enumerate(options):
+        scr = _Screened()
+        out[ch] = scr
+        now = time.perf_counter()
+        slot_end = max(now, start + (until - start) * (i + 1) / k)
+        rules_end = now + SCREEN_RULES_SHARE * (slot_end - now)
+        skipped: list[str] = []
+        scr.starts = _run_heuristics(pb, bests[ch], budget, rules_end, args, top, skipped)
+        n_skips = len(budget.skipped)
+        if args.use_baselines and not args.stopped():
+            for name, sched in _baselines(
+                pb,
+                slot_end,
+                budget,
+                unfinished=scr.unfinished,
+                interrupted=scr.interrupted,
+            ):
+                bests[ch].offer(sched, f"baseline:{name}")
+        # one line per chunking (its pipeline, if it is the best, runs what is left)
+        del budget.skipped[n_skips:]
+        n_rules = sum(x.count(",") + 1 for x in skipped if x.startswith("heuristics not"))
+        parts = ([f"{n_rules} list rule(s)"] if n_rules else []) + (
+            [f"baseline(s) {', '.join(scr.unfinished)}"] if scr.unfinished else []
+        )
+        if parts:
+            budget.skip(f"screening {describe(ch)}: " + " and ".join(parts))
+    return out
+
+
+def _pipeline(
+    problem: Problem,
+    best: Best,
+    budget: Budget,
+    args: _Args,
+    screened: _Screened | None,
+    top: Best,
+) -> tuple[str, bool, str | None]:
+    """The whole search on one chunking's problem: (backend used, proven optimal, message).
+
+    Without ``screened``: heuristics, rule search, offload repair, baselines, bounds, periodic
+    patterns, fusing, the backend (module doc). With it, its rules' results start the rule
+    search and only its unfinished baselines run again."""
+    stop = args.stop
+    stopped = args.stopped
+    gap_target = args.gap_target
     heur_until = budget.at(HEURISTIC_SHARE)
 
     def keep_going() -> bool:
         # the first schedule that fits is always found; after it, only within the share
-        return best.schedule is None or (time.perf_counter() < heur_until and not stopped())
+        return top.schedule is None or (time.perf_counter() < heur_until and not stopped())
 
-    rules = {f"heuristic:{r.name}": r for r in default_rules(problem)}
-    starts: list[tuple[float, ListRule]] = []  # (makespan, rule) of the rules whose schedule fits
-    with budget.phase("heuristics"):
-        for source, sched in heuristic_candidates(
-            problem,
-            None,
-            keep_going,
-            budget.skipped,
-            budget.rule_seconds,
-            have_one=lambda: best.schedule is not None,
-        ):
-            best.offer(sched, source)
-            ev = sched.evaluation
-            if source in rules and ev is not None and ev.feasible and ev.makespan is not None:
-                starts.append((ev.makespan, rules[source]))
+    if screened is None:
+        with budget.phase("heuristics"):
+            starts = _run_heuristics(problem, best, budget, heur_until, args, top, budget.skipped)
+    else:
+        starts = screened.starts
 
     def gap_open() -> bool:
         return not best.meets(gap_target)
@@ -397,9 +540,10 @@ def solve(
     if starts and not stopped() and time.perf_counter() < heur_until and gap_open():
         # the rules' parameters tuned to this problem, before the offload repair (which can
         # take the rest of the share at 32x256x1); not once the bound proves the best optimal
+        tried = default_rules(problem)
         with budget.phase("rule search"):
             for rule, sched in search_rules(
-                problem, starts, lambda: keep_going() and gap_open(), tried=rules.values()
+                problem, starts, lambda: keep_going() and gap_open(), tried=tried
             ):
                 best.offer(sched, f"heuristic:{rule.name}")
     if (
@@ -411,17 +555,11 @@ def solve(
         with budget.phase("offload repair"):
             for sched in repaired_schedules(problem, deadline=heur_until):
                 best.offer(sched, f"heuristic:{sched.params['rule']}")
-    if hint is not None:
-        if hint.problem_hash != problem.hash:
-            message = "the hint was made for another problem and was ignored"
-        else:
-            with budget.phase("hint"):
-                best.offer(hint.with_evaluation(evaluate(problem, hint)), "hint")
-    unfinished: list[str] = []
-    if use_baselines and not stopped() and gap_open():
+    unfinished: list[str] = [] if screened is None else list(screened.unfinished)
+    interrupted: list[str] = [] if screened is None else list(screened.interrupted)
+    if screened is None and args.use_baselines and not stopped() and gap_open():
         # baselines are hints only: they run (and are stopped) within the first half, and not
         # once the bound proves the best schedule optimal (v-half alone took 11 s at 32x256x2)
-        interrupted: list[str] = []
         with budget.phase("baselines"):
             for name, sched in _baselines(
                 problem,
@@ -431,20 +569,20 @@ def solve(
                 interrupted=interrupted,
             ):
                 best.offer(sched, f"baseline:{name}")
-        if interrupted and not stopped():
-            # one stopped while running gets another try first: on a machine slower than the
-            # shares assume, AdaOffload (the best answer where copies are slow, 2.6x better than
-            # the list schedules at 32x256x2, 0.25p, 2x) can need more than its half
-            unfinished = [n for n in unfinished if n not in interrupted]
-            with budget.phase("baselines (second chance)"):
-                for name, sched in _baselines(
-                    problem,
-                    budget.at(SECOND_CHANCE_SHARE),
-                    budget,
-                    names=interrupted,
-                    unfinished=unfinished,
-                ):
-                    best.offer(sched, f"baseline:{name}")
+    if interrupted and not stopped() and gap_open():
+        # one stopped while running gets another try first: on a machine slower than the
+        # shares assume, AdaOffload (the best answer where copies are slow, 2.6x better than
+        # the list schedules at 32x256x2, 0.25p, 2x) can need more than its half
+        unfinished = [n for n in unfinished if n not in interrupted]
+        with budget.phase("baselines (second chance)"):
+            for name, sched in _baselines(
+                problem,
+                budget.at(SECOND_CHANCE_SHARE),
+                budget,
+                names=interrupted,
+                unfinished=unfinished,
+            ):
+                best.offer(sched, f"baseline:{name}")
 
     if (
         best.schedule is not None
@@ -463,7 +601,7 @@ def solve(
             )
 
     if (
-        backend != "heuristic"
+        args.backend != "heuristic"
         and best.schedule is not None
         and not stopped()
         and gap_open()
@@ -471,7 +609,7 @@ def solve(
         and time.perf_counter() < budget.at(PERIODIC_SHARE)
     ):
         with budget.phase("periodic"):
-            _run_periodic(problem, best, budget, seed, workers, stop)
+            _run_periodic(problem, best, budget, args.seed, args.workers, stop)
 
     if best.schedule is not None and fusable(problem) and not stopped() and gap_open():
         # the rules and patterns run every backward split: fuse B, W pairs where that is faster
@@ -480,7 +618,10 @@ def solve(
             source = best.source
             best.offer(fuse_where_faster(problem, best.schedule, until), f"fused:{source}")
 
-    used, message = _choose_backend(problem, backend, best, message)
+    if args.lns and args.backend != "heuristic" and best.schedule is not None and gap_open():
+        _run_lns(problem, best, budget, args)
+
+    used, message = choose_backend(problem, args.backend, best, None)
 
     proven_optimal = False
     if (
@@ -489,8 +630,16 @@ def solve(
         and not stopped()
         and (best.schedule is None or best.makespan > best.bound * (1 + 1e-9))
     ):
-        proven_optimal = _run_backend(
-            used, problem, best, budget, gap_target, seed, workers, stop, deterministic_time
+        proven_optimal = run_backend(
+            used,
+            problem,
+            best,
+            budget,
+            gap_target,
+            args.seed,
+            args.workers,
+            stop,
+            args.deterministic_time,
         )
     elif used != "heuristic" and best.schedule is not None and budget.left() <= 0:
         budget.skip(f"{used} search (no time left)")
@@ -502,65 +651,40 @@ def solve(
         with budget.phase("baselines (in the time left)"):
             for name, sched in _baselines(problem, until, budget, names=unfinished):
                 best.offer(sched, f"baseline:{name}")
+    return used, proven_optimal, message
 
-    if best.schedule is None:
-        raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
-    makespan = best.makespan
-    bound = min(best.bound, makespan)
-    if proven_optimal:
-        bound = makespan
-    gap = (makespan - bound) / makespan if makespan > 0 else 0.0
-    if gap <= 1e-9:
-        status = "optimal"
-        gap = 0.0
-    else:
-        status = "heuristic" if used == "heuristic" else "feasible"
-    sched = best.schedule
-    params: dict[str, object] = {
-        "backend": used,
-        "time_limit": time_limit,
-        "seed": seed,
-        "gap": gap,
-        "gap_target": gap_target,
-        "lower_bound": bound,
-        "status": status,
-        "source": best.source,
-        "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
-    }
-    if budget.skipped:
-        params["skipped"] = list(budget.skipped)
-        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
-            x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
+
+def _run_lns(problem: Problem, best: Best, budget: Budget, args: _Args) -> None:
+    """The large-neighbourhood search (``lns``) for ``LNS_SHARE`` of the time left, where CP-SAT's
+    exact model is too large; each improvement is offered."""
+    from . import lns
+    from .cpsat import tight_model_size
+
+    if (
+        args.stopped()
+        or best.schedule is None
+        or tight_model_size(problem) <= backend.TIGHT_MODEL_MAX
+    ):
+        return
+    with budget.phase("lns"):
+        until = time.perf_counter() + LNS_SHARE * max(0.0, budget.left())
+        source = best.source
+        lns.improve(
+            problem,
+            best.schedule,
+            deadline=until,
+            on_better=lambda s: best.offer(s, f"lns:{source}"),
+            seed=args.seed,
+            workers=worker_count(args.workers),
+            deterministic_time=args.deterministic_time,
+            stop=args.stop,
+            lower_bound=best.bound,
         )
-        message = note if message is None else f"{message}; {note}"
-    # every offered schedule carries the simulator's evaluation of exactly its actions on this
-    # problem (``_Best.offer`` takes no other), so it is not simulated a second time here
-    final = Schedule.built(
-        problem_hash=problem.hash,
-        generator="optpipe",
-        params=params,
-        actions=list(sched.actions),
-        evaluation=sched.evaluation,
-        problem=problem,
-    )
-    first = best.incumbents[0].wall_time if best.incumbents else 0.0
-    return SolveResult(
-        schedule=final,
-        makespan=makespan,
-        lower_bound=bound,
-        gap=gap,
-        status=status,
-        backend=used,
-        solve_seconds=time.perf_counter() - t0,
-        first_solution_seconds=first,
-        incumbents=list(best.incumbents),
-        message=message,
-    )
 
 
 def _run_periodic(
     problem: Problem,
-    best: _Best,
+    best: Best,
     budget: Budget,
     seed: int,
     workers: int | None,
@@ -576,7 +700,7 @@ def _run_periodic(
         incumbent=best.makespan,
         lower_bound=best.bound,
         deadline=deadline,
-        workers=_workers(workers),
+        workers=worker_count(workers),
         seed=seed,
         stop=stop,
     ):
@@ -586,274 +710,3 @@ def _run_periodic(
             best.offer(schedule_from_ticks(problem, tm, starts, ends, source), source)
         if best.meets(0.0):
             return
-
-
-def _workers(workers: int | None) -> int:
-    return workers if workers is not None else max(1, min(os.cpu_count() or 1, 8))
-
-
-def _milp_size(problem: Problem, best: _Best) -> tuple[int, int, bool]:
-    """(variables, constraints, exact?) of the MILP; a lower estimate for large problems."""
-    p, v, m = problem.num_stages, problem.num_chunks, problem.num_microbatches
-    ops = 3 * p * v * m
-    if ops > MILP_BUILD_MAX_OPS:
-        # at least one start and one tightness literal per op, two rows per precedence
-        return 2 * ops, 3 * ops, False
-    from .milp import build_milp
-
-    lm = build_milp(
-        problem, tick_model(problem, _horizon_guess(problem, best)), horizon=1, lower_bound=0
-    )
-    n, r = lm.size()
-    return n, r, True
-
-
-def _choose_backend(
-    problem: Problem, backend: str, best: _Best, message: str | None
-) -> tuple[str, str | None]:
-    """The backend that runs, and the plain reason when it is not the one asked for."""
-    if backend in ("cpsat", "highs", "heuristic"):
-        return backend, message
-    status = gurobi_license_status()
-    if backend == "auto":
-        if status != "full":
-            return "cpsat", message
-        n, _r, _exact = _milp_size(problem, best)
-        if n > AUTO_GUROBI_MAX_VARS:
-            return "cpsat", message
-        return "gurobi", message
-    # backend == "gurobi"
-    if status == "missing" or status.startswith("unusable"):
-        from .licence import gurobi_license_detail
-
-        return "cpsat", (
-            f"Gurobi was asked for but its licence is {status} "
-            f"({gurobi_license_detail()}); CP-SAT ran instead"
-        )
-    if status == "restricted":
-        n, r, exact = _milp_size(problem, best)
-        if n > RESTRICTED_MAX_VARS or r > RESTRICTED_MAX_CONSTRS:
-            need = (
-                f"{n} variables and {r} constraints"
-                if exact
-                else (f"at least {n} variables and {r} constraints")
-            )
-            return "cpsat", (
-                "Gurobi was asked for, but this gurobipy has the size-limited pip licence "
-                f"({RESTRICTED_MAX_VARS} variables and {RESTRICTED_MAX_CONSTRS} constraints, "
-                f"non-production evaluation only) and this model needs {need}; CP-SAT ran "
-                "instead (install a full Gurobi licence to use Gurobi on models this size)"
-            )
-    return "gurobi", message
-
-
-def _horizon_guess(problem: Problem, best: _Best) -> float:
-    if best.schedule is not None:
-        return best.makespan
-    pb = problem
-    total = (
-        float((pb.cost("t_f") + pb.cost("t_b") + pb.cost("t_w") + 2 * pb.cost("t_comm")).sum())
-        * pb.num_microbatches
-    )
-    if pb.offload is not None:
-        total += (
-            sum(
-                pb.offload_time(s, c) + pb.reload_time(s, c)
-                for s in range(pb.num_stages)
-                for c in range(pb.num_chunks)
-            )
-            * pb.num_microbatches
-        )
-    return total
-
-
-def _stop_at(at: float, stop: threading.Event | None) -> tuple[threading.Event, threading.Event]:
-    """An event set at ``at`` (``time.perf_counter()``) or when ``stop`` is set, whichever comes
-    first, and the event that ends its watcher thread."""
-    fire = threading.Event()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if (stop is not None and stop.is_set()) or time.perf_counter() >= at:
-                fire.set()
-                return
-            done.wait(max(0.0, min(0.02, at - time.perf_counter())))
-
-    threading.Thread(target=watch, name="optpipe-solve-deadline", daemon=True).start()
-    return fire, done
-
-
-def backend_bounds_hold(problem: Problem, tm: TickModel, backend: str = "cpsat") -> bool:
-    """Whether a backend's bounds and proofs hold for every schedule of the problem.
-
-    They need exact ticks (``TickModel.exact``). CP-SAT's model chooses fused or split for every
-    backward where fusing can pay (``ticks.fusable``). The MILPs run every backward as B then W:
-    where a fused BW is cheaper than B + W somewhere, a schedule with fused backwards can beat
-    their optimum, so their bound proves nothing there (their solutions stay valid schedules).
-    """
-    if not tm.exact:
-        return False
-    if backend == "cpsat" and fusing.FUSE_BACKWARDS:
-        return True
-    return not fusable(problem)
-
-
-def _run_backend(
-    used: str,
-    problem: Problem,
-    best: _Best,
-    budget: Budget,
-    gap_target: float,
-    seed: int,
-    workers: int | None,
-    stop: threading.Event | None,
-    deterministic_time: float | None,
-) -> bool:
-    """Run one exact backend within the budget; returns whether it proved the incumbent optimal.
-
-    The backend is stopped at the time limit less ``EXTRACT_SIMS`` simulations (for turning its
-    last solution into a schedule); its own time limit also leaves out half the estimated model
-    build (``BUILD_PER_SIM`` simulations), the backstop should the stop come before its search.
-    """
-    if budget.rule_seconds and budget.left() < 2 * max(budget.rule_seconds):
-        # not even the hint's conversion (one simulation) fits
-        budget.skip(f"{used} search ({max(0.0, budget.left()):.2f} s left)")
-        return False
-    t_conv = time.perf_counter()
-    tm = tick_model(problem, _horizon_guess(problem, best))
-    hint = None
-    if best.schedule is not None:
-        h = tick_times(problem, best.schedule, tm, keep_fused=used == "cpsat")
-        if h is not None:
-            hint = (h[0], h[1])
-            horizon = h[2] if tm.exact else int(h[2] * 1.1) + 10
-        else:
-            horizon = int(_horizon_guess(problem, best) / tm.tick) + 10
-        budget.saw_simulation(time.perf_counter() - t_conv)  # one simulation and a conversion
-    else:
-        horizon = int(_horizon_guess(problem, best) / tm.tick) + 10
-    budget.add("hint conversion", time.perf_counter() - t_conv)
-    if best.bound <= 0:
-        lb_ticks = 0
-    elif tm.exact:
-        # every simulated time is a whole number of ticks: the makespan is at least the bound
-        # rounded up (rounding down let CP-SAT search on below a bound the incumbent had met)
-        lb_ticks = math.ceil(best.bound / tm.tick - 1e-6)
-    else:
-        lb_ticks = int(best.bound / tm.tick * (1 - 1e-9))
-    lb_ticks = min(lb_ticks, horizon)
-    nworkers = _workers(workers)
-
-    sim = budget.sim_seconds
-    wind_down = min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
-    t_stop = budget.end - (EXTRACT_SIMS * sim + wind_down)
-    build_est = BUILD_PER_SIM * sim
-    avail = t_stop - time.perf_counter()
-    if avail < MIN_BACKEND_BUILDS * build_est or avail <= 0:
-        budget.skip(
-            f"{used} search ({max(0.0, avail):.1f} s left; building its model takes about "
-            f"{build_est:.1f} s)"
-        )
-        return False
-    # the stop at t_stop is what ends a search that started; the backend's own limit is the
-    # backstop for a stop that came while the model was still being built (then it is lost)
-    time_limit = max(0.01, avail - 0.5 * build_est)
-    # (objective, starts, ends) of the backend's last solution when it was not extracted
-    pending: list[tuple[int, dict[OpKey, int], dict[OpKey, int]]] = []
-    seen: set[int] = set()  # objectives the callback was given
-
-    def extract(starts: dict[OpKey, int], ends: dict[OpKey, int]) -> None:
-        moves = 200
-        if sim > 0:
-            moves = max(0, min(200, int(budget.left() / sim) - 2))
-        with budget.phase("extraction"):
-            best.offer(schedule_from_ticks(problem, tm, starts, ends, used, moves), used)
-
-    proves = backend_bounds_hold(problem, tm, used)
-
-    def on_solution(starts: dict[OpKey, int], ends: dict[OpKey, int], obj: int, bnd: int) -> None:
-        pending.clear()
-        seen.add(obj)
-        if tm.exact:
-            if proves:
-                best.raise_bound(bnd * tm.tick)
-            # a relaxed solution may still time better in the simulator than its objective
-            # says only if it is infeasible there; an exact one never does
-            if obj * tm.tick >= best.makespan * (1 - _REL):
-                return
-        if time.perf_counter() >= t_stop:
-            pending.append((obj, starts, ends))  # the search is being stopped
-            return
-        extract(starts, ends)
-        if best.meets(gap_target):
-            fire.set()  # the incumbent meets the bound (or the gap target): nothing left to find
-
-    fire, done = _stop_at(t_stop, stop)
-    t_search = time.perf_counter()
-    try:
-        if used == "cpsat":
-            from .cpsat import solve_cpsat, tight_model_size
-
-            tight = tight_model_size(problem) <= TIGHT_MODEL_MAX
-            out = solve_cpsat(
-                problem,
-                tm,
-                horizon=horizon,
-                lower_bound=lb_ticks,
-                hint=hint,
-                time_limit=time_limit,
-                gap_target=gap_target,
-                seed=seed,
-                workers=nworkers,
-                on_solution=on_solution,
-                stop=fire,
-                deterministic_time=deterministic_time,
-                tight=tight,
-                deadline=t_stop,
-                offloads_fixed_share=OFFLOADS_FIXED_SHARE if tight else 0.0,
-                fused_fixed_share=FUSED_FIXED_SHARE,
-            )
-            status, obj, bnd = out.status, out.objective, out.bound
-            starts, ends = out.starts, out.ends
-        else:
-            from .milp import build_milp, solve_milp
-
-            model = build_milp(problem, tm, horizon=horizon, lower_bound=lb_ticks)
-            res = solve_milp(
-                model,
-                used,
-                hint=hint,
-                time_limit=time_limit,
-                gap_target=gap_target,
-                seed=seed,
-                workers=nworkers,
-                on_solution=on_solution,
-                stop=fire,
-            )
-            status, obj, bnd = res.status, res.objective, res.bound
-            starts, ends = res.starts, res.ends
-    finally:
-        done.set()
-        budget.add(f"{used} (build and search)", time.perf_counter() - t_search)
-    if starts and obj is not None and obj not in seen:
-        pending[:] = [(obj, starts, ends)]  # a final solution the callback never saw
-    if pending:
-        # the last solution came as the search was being stopped: take it if it still fits
-        p_obj, p_starts, p_ends = pending[0]
-        if budget.left() >= 1.5 * sim:  # over by at most about one simulation
-            extract(p_starts, p_ends)
-        else:
-            budget.skip(f"{used}'s last solution (objective {p_obj} ticks) not extracted")
-    if not proves:
-        return False
-    if bnd is not None:
-        best.raise_bound(bnd * tm.tick)
-    if status == "optimal" and obj is not None:
-        best.raise_bound(obj * tm.tick)
-        return best.makespan <= obj * tm.tick * (1 + 1e-9) + 1e-12
-    if status == "infeasible" and best.schedule is not None:
-        # the horizon was the incumbent's makespan: nothing better exists
-        best.raise_bound(best.makespan)
-        return True
-    return False

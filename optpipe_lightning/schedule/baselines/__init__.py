@@ -11,6 +11,8 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..chunking import chunkings, rechunk, stamped
+from ..margin import peak_share
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import evaluate
@@ -63,6 +65,38 @@ def generate_all(problem: Problem) -> dict[str, Schedule | NotApplicable]:
         except NotApplicable as e:
             out[name] = e
     return out
+
+
+def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
+    """The named baseline on every chunking the problem allows (``schedule.chunking``: only its
+    own without ``layers_per_stage``), each schedule embedding the problem it was built for and
+    recording its chunking. Raises the own chunking's ``NotApplicable`` (else the first one's)
+    when it applies to none."""
+    out: list[Schedule] = []
+    why: NotApplicable | None = None
+    for v, placement in chunkings(problem):
+        pb = rechunk(problem, v, placement)
+        try:
+            out.append(stamped(generate(name, pb), pb))
+        except NotApplicable as e:
+            why = why or e
+    if not out:
+        assert why is not None
+        raise why
+    return out
+
+
+def best_schedule(schedules: Sequence[Schedule]) -> Schedule:
+    """The best of some evaluated schedules: one that fits before one that does not, then the
+    lowest makespan, then the lowest peak share of the limit (``margin.peak_share``)."""
+
+    def key(s: Schedule) -> tuple[bool, float, float]:
+        ev = s.evaluation
+        assert ev is not None
+        mk = float("inf") if ev.makespan is None else ev.makespan
+        return (not ev.feasible, mk, peak_share(ev))
+
+    return min(schedules, key=key)
 
 
 def make_schedule(
