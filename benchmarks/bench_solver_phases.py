@@ -1,14 +1,10 @@
-"""What two solver phases add: the steady-state bound and the periodic search (issue 22, item 8).
+"""What the periodic search adds to solved makespans (issue 22, item 8).
 
-Each instance is solved once per variant, the variants side by side (one instance after the
-other, so a change in the machine's load hits every variant of a row alike):
-
-- ``all``: ``solve`` as it is;
-- ``-steady``: without the steady-state bound (``solver/steady_bound.py``: its phase returns 0);
-- ``-periodic``: without the periodic search (``solver/periodic.py``: its phase does nothing);
-- ``-both``: without either.
-
-A variant whose phase does not apply to the instance is not run (its row would repeat ``all``).
+Each instance is solved with ``solve`` as it is (``all``) and without the periodic search
+(``-periodic``: ``solver/periodic.py``'s phase does nothing), side by side (one right after the
+other, so a change in the machine's load hits both alike); where the search does not apply the
+second run is left out. The version of this script at commit 503ebb7 also measured the
+steady-state bound (``solver/steady_bound.py``), removed after that measurement (BENCHMARKS.md).
 Instances: ``PxMxV:mem:copy`` as in ``bench_solver.py`` (F = B = W = 1 per stage) or
 ``1.5B:share`` / ``14.6B:share`` (the ZB paper's measured profiles of ``bench_paper_solver.py``).
 
@@ -34,17 +30,17 @@ from optpipe_lightning.solver import periodic, solve
 
 solve_module = importlib.import_module("optpipe_lightning.solver.solve")
 
-# the 24 memory-limited rows of bench_solver's table, with copies 1x where the periodic search
-# also runs, and the measured profiles at half and a quarter of 1F1B's memory
+# the slow-copy rows of bench_solver's 24-row table (where the periodic search runs), copies 1x,
+# and the measured profiles at half and a quarter of 1F1B's memory
 DEFAULT = [
     f"{p}x{m}x{v}:{mem}:{copy}"
+    for copy in (2, 1)
     for p, m in ((4, 8), (8, 32), (16, 64))
-    for v in (1, 2)
+    for v in ((1, 2) if copy == 2 else (1,))
     for mem in (0.25, 0.5)
-    for copy in (0.5, 2)
-] + ["8x32x1:0.25:1", "8x32x1:0.5:1", "16x64x1:0.25:1", "16x64x1:0.5:1"]
-DEFAULT += ["1.5B:0.5", "1.5B:0.25", "14.6B:0.5", "14.6B:0.25"]
-VARIANTS = ("all", "-steady", "-periodic", "-both")
+    if copy == 2 or p > 4
+] + ["1.5B:0.5", "1.5B:0.25", "14.6B:0.5", "14.6B:0.25"]
+VARIANTS = ("all", "-periodic")
 
 
 def problem_of(text: str) -> Problem:
@@ -60,22 +56,18 @@ def problem_of(text: str) -> Problem:
 
 
 @contextmanager
-def without(steady: bool, periodic_search: bool) -> Iterator[None]:
-    saved = (solve_module.steady_state_bound, solve_module._run_periodic)
+def without_periodic(off: bool) -> Iterator[None]:
+    saved = solve_module._run_periodic
     try:
-        if steady:
-            solve_module.steady_state_bound = lambda *a, **k: 0.0  # type: ignore[assignment]
-        if periodic_search:
-            solve_module._run_periodic = lambda *a, **k: None  # type: ignore[assignment]
+        if off:
+            solve_module._run_periodic = lambda *a, **k: None
         yield
     finally:
-        solve_module.steady_state_bound, solve_module._run_periodic = saved
+        solve_module._run_periodic = saved
 
 
 def run(pb: Problem, variant: str, time_limit: float, workers: int) -> dict[str, Any]:
-    with without(
-        "steady" in variant or "both" in variant, "periodic" in variant or "both" in variant
-    ):
+    with without_periodic(variant == "-periodic"):
         res = solve(pb, time_limit=time_limit, workers=workers, seed=0)
     phases = res.schedule.params.get("phase_seconds") or {}
     return {
@@ -86,7 +78,6 @@ def run(pb: Problem, variant: str, time_limit: float, workers: int) -> dict[str,
         "gap": res.gap,
         "source": res.schedule.params.get("source"),
         "t_final": res.incumbents[-1].wall_time if res.incumbents else None,
-        "steady_s": phases.get("steady-state bound", 0.0),
         "periodic_s": phases.get("periodic", 0.0),
         "wall": res.solve_seconds,
     }
@@ -106,25 +97,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--instances", default=",".join(DEFAULT))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--jsonl", default=None, help="one JSON object per solve")
     a = ap.parse_args(argv)
-    variants = [v for v in a.variants.split(",") if v]
     jf = open(a.jsonl, "w") if a.jsonl else None  # noqa: SIM115 - closed below
     lines = [
-        "| instance | all: solved / bound | -steady | -periodic | -both | steady s | periodic s |",
-        "|---|---|---|---|---|---|---|",
+        "| instance | solved / bound | -periodic | periodic (s) | source |",
+        "|---|---|---|---|---|",
     ]
     for text in a.instances.split(","):
         pb = problem_of(text)
         limited_memory = any(x is not None for x in pb.memory_limits())
         got: dict[str, dict[str, Any]] = {}
-        for v in variants:
-            if v != "all" and not limited_memory:
-                continue
-            if v in ("-periodic", "-both") and not periodic.applies(pb):
+        for v in VARIANTS:
+            if v != "all" and not (limited_memory and periodic.applies(pb)):
                 continue  # the periodic search does not run here: -periodic is all
             got[v] = r = run(pb, v, a.time_limit, a.workers)
             print(json.dumps(r), file=sys.stderr, flush=True)
@@ -132,13 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 jf.write(json.dumps(r) + "\n")
                 jf.flush()
         base = got["all"]
-        if "-both" not in got and "-steady" in got:
-            got["-both"] = got["-steady"]  # no periodic search here: -both is -steady
-        cells = [_cell(got.get(v), base) if v != "all" else _cell(base, base) for v in VARIANTS]
         lines.append(
-            f"| {text} | "
-            + " | ".join(cells)
-            + f" | {base['steady_s']:.1f} | {base['periodic_s']:.1f} |"
+            f"| {text} | {_cell(base, base)} | {_cell(got.get('-periodic'), base)} | "
+            f"{base['periodic_s']:.1f} | {base['source']} |"
         )
     if jf:
         jf.close()

@@ -96,7 +96,6 @@ class _Model:
         lb: int,
         tight: bool,
         window: int | None = None,
-        resource_devices: frozenset[int] | None = None,
     ) -> None:
         pb = problem
         self.pb = pb
@@ -107,8 +106,6 @@ class _Model:
         G = p * v
         table = pb.group_table
         limits = pb.memory_limits()
-        if resource_devices is not None:  # the others hold any memory, run any number of ops
-            limits = [lim if s in resource_devices else None for s, lim in enumerate(limits)]
         ob = pb.cost("offload_bytes")
         use_off = pb.offload is not None and any(x is not None for x in limits)
         self.start: dict[OpKey, cp_model.IntVar] = {}
@@ -236,8 +233,6 @@ class _Model:
                     res_times[s] += [so + d_off, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
-        if resource_devices is not None:
-            dev_iv = [ivs if s in resource_devices else [] for s, ivs in enumerate(dev_iv)]
         add_resources(md, dev_iv, chan_iv, limits, sc, res_times, res_deltas, res_active)
         self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
         if tight:
@@ -485,46 +480,6 @@ def solve_cpsat(
         out.status, out.objective = "feasible", fixed.objective
         out.starts, out.ends = fixed.starts, fixed.ends
     return out
-
-
-def solve_device_relaxation(
-    problem: Problem,
-    tm: TickModel,
-    devices: set[int] | frozenset[int],
-    *,
-    horizon: int,
-    hint: tuple[dict[OpKey, int], set[tuple[int, int, int]]] | None,
-    time_limit: float,
-    workers: int = 1,
-    seed: int = 0,
-    on_solution: SolutionFn | None = None,
-) -> CpOutcome:
-    """CP-SAT on the problem with only ``devices``' resources: their one-op-at-a-time, copy
-    channels and memory limits. Every other device runs any number of ops at once and holds any
-    memory; the chain of each microbatch (every F up, every B down, each hop) still binds.
-
-    A relaxation (of the relaxed model, see ``solve_cpsat``): its optimum is at most the
-    problem's. And a lower bound that reasons about one device's resources and the chain alone
-    (the memory-time, one-thing-at-a-time, drain and fill arguments of ``schedule.bounds``)
-    holds for this relaxation too, so it is at most its optimum, hence at most any makespan found:
-    with one device, a solution found is a ceiling on every such bound for that device
-    (``benchmarks/bench_bound_ceiling.py``). Not a solver of the problem: its solutions may
-    break the other devices' limits.
-    """
-    model = _Model(problem, tm, horizon, 0, False, resource_devices=frozenset(devices))
-    if hint is not None:
-        model.add_hint(*hint)
-    return _search(
-        model,
-        time_limit=time_limit,
-        gap_target=0.0,
-        seed=seed,
-        workers=workers,
-        on_solution=on_solution,
-        stop=None,
-        deterministic_time=None,
-        tight=False,
-    )
 
 
 def _search(
