@@ -145,3 +145,58 @@ def test_each_lane_runs_one_transfer_at_a_time_in_list_order(pb: Problem, seed: 
         spans.sort()
         for (_a, e), (b, _f) in itertools.pairwise(spans):
             assert b >= e - 1e-9
+
+
+def test_a_reload_waits_for_the_offload_that_frees_its_room() -> None:
+    """One stage, room for two activations. F2 fills it at 3; reload 0, issued then, would hold a
+    third: it waits for offload 1 (3..5), on its own lane, not behind it."""
+    pb = _problem(True).with_changes(num_microbatches=3)
+    rows = [
+        [
+            *(Action(F, 0), Action(OFF, 0), Action(F, 1), Action(F, 2), Action(OFF, 1)),
+            *(Action(REL, 0), Action(BW, 2), Action(BW, 0), Action(REL, 1), Action(BW, 1)),
+        ]
+    ]
+    res = simulate(pb, rows)
+    assert res.feasible, res.evaluation.violations
+    t = _times(res)
+    # F0 0..1, OFF0 1..3, F1 1..2 (2 bytes at 2), F2 2..3 (fits: OFF0 frees at 3); OFF1 3..5
+    assert t[Action(OFF, 0)] == (1.0, 3.0) and t[Action(F, 2)] == (2.0, 3.0)
+    assert t[Action(OFF, 1)] == (3.0, 5.0)
+    assert t[Action(REL, 0)] == (5.0, 7.0)  # ready at 3 (F2's end), room at 5
+    assert res.timeline.memory_waits == [[(5, 4)]]  # REL0 (position 5) waits for OFF1 (4)
+    # one lane: the reload queues behind offload 1 anyway, no wait to name
+    half = simulate(_problem(False).with_changes(num_microbatches=3), rows)
+    assert _times(half)[Action(REL, 0)] == (5.0, 7.0)
+    assert half.timeline.memory_waits == [[]]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pb=problems(offload=True, limit=True), seed=st.integers(0, 10**6))
+def test_a_transfer_starts_only_when_something_it_waits_for_ends(pb: Problem, seed: int) -> None:
+    """What CP-SAT's exact model allows (``cpsat.tight_options``): a transfer starts at 0 or
+    when a compute op of its stage, its own offload or a transfer of its lane ends; with duplex
+    lanes a reload also when an offload of its stage ends (its memory wait)."""
+    res = simulate(pb, random_valid_actions(pb, seed))
+    if res.timeline is None:
+        return
+    tl = res.timeline
+    compute_ends: dict[int, list[float]] = {}
+    lane_ends: dict[int, list[float]] = {}
+    offload_ends: dict[int, list[float]] = {}
+    for s in range(pb.num_stages):
+        for a, _st, en in zip(tl.actions[s], tl.start[s], tl.end[s], strict=True):
+            if a.op in (OFF, REL):
+                lane_ends.setdefault(lane_of(pb, s, a.op), []).append(float(en))
+                if a.op == OFF:
+                    offload_ends.setdefault(s, []).append(float(en))
+            else:
+                compute_ends.setdefault(s, []).append(float(en))
+    duplex = pb.offload is not None and pb.offload.duplex
+    for s in range(pb.num_stages):
+        for a, st_ in zip(tl.actions[s], tl.start[s], strict=True):
+            if a.op not in (OFF, REL):
+                continue
+            events = [0.0, *compute_ends.get(s, []), *lane_ends[lane_of(pb, s, a.op)]]
+            events += offload_ends.get(s, []) if a.op == REL else []
+            assert any(abs(float(st_) - e) <= 1e-9 for e in events), (s, a, float(st_), duplex)

@@ -125,10 +125,14 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
-        if _shared_channels(problem) and any(x is not None for x in problem.memory_limits()):
+        if (_shared_channels(problem) or is_duplex(problem)) and any(
+            x is not None for x in problem.memory_limits()
+        ):
             # On a shared channel, a forward held back to learn whether it must wait can change
-            # which ready copy goes first; a schedule that fits without any wait keeps exactly
-            # the timing it has without the rule (docs/formats.md), so try that first.
+            # which ready copy goes first; with duplex lanes a reload's wait counts only the ops
+            # listed before it, and ops listed after it may already have freed memory. A
+            # schedule that fits without any wait keeps exactly the timing it has without the
+            # rule (docs/formats.md), so try that first.
             plain = _Simulator(problem, actions, memory_wait=False).run()
             if plain.feasible or plain.timeline is None:
                 return plain
@@ -314,11 +318,12 @@ class _Simulator:
 
     def _memory_tables(
         self, duplex: bool
-    ) -> tuple[list[float], list[bool], list[bool], list[int], list[int], list[float]]:
+    ) -> tuple[list[float], list[bool], list[bool], list[int], list[int], list[float], list[float]]:
         """For the memory wait: each op's memory delta, whether it is an OFFLOAD, whether it is
         an allocating F, and per op the number of its stage's transfers listed before it on its
         first transfer queue (every transfer; with ``duplex`` the OFFLOADs) and on its second
-        (with ``duplex`` the RELOADs; else none), and the reload bytes listed before it."""
+        (with ``duplex`` the RELOADs; else none), the reload bytes listed before it, and the
+        memory change of the compute ops listed before it."""
         pb = self.pb
         code, stage, ch, n = self.code, self.stage, self.ch, self.n
         m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
@@ -333,11 +338,14 @@ class _Simulator:
         before1 = np.cumsum(is_q1) - is_q1
         rel = np.where(code == 5, pbk[stage, ch], 0.0)
         rbefore = np.cumsum(rel) - rel
+        comp = np.where(self.is_compute, delta, 0.0)
+        cbefore = np.cumsum(comp) - comp
         if n:
             first = self.offset[stage]
             before0 = before0 - before0[first]
             before1 = before1 - before1[first]
             rbefore = rbefore - rbefore[first]
+            cbefore = cbefore - cbefore[first]
         return (
             delta.tolist(),
             (code == 4).tolist(),
@@ -345,6 +353,7 @@ class _Simulator:
             before0.tolist(),
             before1.tolist(),
             rbefore.tolist(),
+            cbefore.tolist(),
         )
 
     def run(self) -> SimResult:
@@ -485,9 +494,11 @@ class _Simulator:
             for s, lim in enumerate(pb.memory_limits())
         ]
         if any(c is not None for c in cap):
-            mdelta, is_off, waits_for_memory, xbefore, xbefore1, rbefore = self._memory_tables(
-                duplex
+            mdelta, is_off, waits_for_memory, xbefore, xbefore1, rbefore, cbefore = (
+                self._memory_tables(duplex)
             )
+        # with duplex lanes a RELOAD may wait for memory too (``reload_start``)
+        reload_waits = [duplex and c is not None for c in cap]
         comp_level = [0.0] * p
         # per transfer queue (a queue's transfers are timed in list order and in time order)
         xev_t: list[list[float]] = [[] for _ in range(2 * p)]
@@ -615,6 +626,40 @@ class _Simulator:
                 k = last + 1
             return t, -1  # no earlier offload makes it fit: the violation is reported
 
+        def reload_start(q: int, op: int, t: float) -> tuple[float, int, int]:
+            """Start of RELOAD ``op`` (queue ``q``, its lane free and itself ready at ``t``)
+            under the memory wait: at ``t`` if its bytes fit beside the events of the ops
+            listed before it (every compute op and earlier reload of its stage has had its
+            event by then), else when the earliest OFFLOAD of its stage listed before it that
+            makes them fit ends. Returns (start, -1, the OFFLOAD waited for or -1), or (t, an
+            earlier offload not timed yet, -1)."""
+            s = q // 2
+            lim = cap[s]
+            assert lim is not None
+            qo = q - 1
+            no, nr = xbefore[op], xbefore1[op]
+            cr = xev_cum[q]
+            base = cbefore[op] + mdelta[op] + (cr[nr - 1] if nr else 0.0)
+            to, co = xev_t[qo], xev_cum[qo]
+            if len(to) < no:
+                i = bisect_right(to, t)
+                if base + (co[i - 1] if i else 0.0) <= lim:
+                    return t, -1, -1  # fits even if no untimed offload has freed yet
+                return t, xfer_q[qo][len(to)], -1
+            i = bisect_right(to, t, 0, no)
+            if base + (co[i - 1] if i else 0.0) <= lim:
+                return t, -1, -1
+            k = i
+            while k < no:
+                tk = to[k]
+                last = k
+                while last + 1 < no and to[last + 1] <= tk:
+                    last += 1
+                if base + co[last] <= lim:
+                    return tk, -1, xfer_q[qo][k]
+                k = last + 1
+            return t, -1, -1  # no earlier offload makes it fit: the violation is reported
+
         def run_private_channel(c: int, q: int) -> int:
             """A lane of one transfer queue: transfers in list order, no arbitration."""
             s = q // 2
@@ -630,6 +675,13 @@ class _Simulator:
                     t = eb + lb
                 if free > t:
                     t = free
+                if q & 1 and reload_waits[s]:
+                    t, blocker, held = reload_start(q, op, t)
+                    if blocker >= 0:
+                        wait_on(blocker, -1 - c)
+                        break
+                    if held >= 0:
+                        waited[op] = held
                 start[op] = t
                 free = t + du
                 end[op] = free
@@ -642,11 +694,12 @@ class _Simulator:
             chan_free[c] = free
             return k - k0
 
-        def scan(c: int) -> tuple[int, int, float, list[int]]:
+        def scan(c: int) -> tuple[int, int, float, list[int], int]:
             """Of a shared lane's head transfers: the one that can start first (its queue, op,
-            ready time; queue -1 if none) and the ops the blocked ones wait on. Queues are in
-            stage order, so ties go to the lower stage."""
-            best_s, best_op, best_t = -1, -1, 0.0
+            ready time; queue -1 if none), the ops the blocked ones wait on, and the OFFLOAD the
+            chosen one waits for memory (-1: none). Queues are in stage order, so ties go to
+            the lower stage."""
+            best_s, best_op, best_t, best_held = -1, -1, 0.0, -1
             blocked: list[int] = []
             for s in chan_members[c]:
                 k = xfer_ptr[s]
@@ -661,9 +714,18 @@ class _Simulator:
                 t = ea + la
                 if eb + lb > t:
                     t = eb + lb
+                held = -1
+                if s & 1 and reload_waits[s // 2]:
+                    # a reload that must wait for memory can start only then
+                    waits_until, blocker, held = reload_start(s, op, max(t, chan_free[c]))
+                    if blocker >= 0:
+                        blocked.append(blocker)
+                        continue
+                    if held >= 0:
+                        t = waits_until
                 if best_s < 0 or t < best_t:
-                    best_s, best_op, best_t = s, op, t
-            return best_s, best_op, best_t, blocked
+                    best_s, best_op, best_t, best_held = s, op, t, held
+            return best_s, best_op, best_t, blocked, best_held
 
         def run_channel(c: int, item: int, force: bool) -> int:
             members = chan_members[c]
@@ -671,7 +733,7 @@ class _Simulator:
                 return run_private_channel(c, members[0])
             started = 0
             while True:
-                q, op, t, blocked = scan(c)
+                q, op, t, blocked, held = scan(c)
                 # A blocked head of another stage might become ready before the ready ones:
                 # wait for it unless forced (the whole simulation is stalled).
                 if q < 0 or (blocked and not force):
@@ -681,6 +743,8 @@ class _Simulator:
                 force = False
                 if chan_free[c] > t:
                     t = chan_free[c]
+                if held >= 0:
+                    waited[op] = held
                 start[op] = t
                 e = t + xfer_rows[q][xfer_ptr[q]][5]
                 end[op] = e
@@ -758,7 +822,7 @@ class _Simulator:
             # learn whether a blocked one would be ready earlier. Release the earliest one.
             best_c, best_t = None, 0.0
             for c in chan_members:
-                s, _op, t, _ = scan(c)
+                s, _op, t, _, _ = scan(c)
                 if s >= 0 and (best_c is None or t < best_t):
                     best_c, best_t = c, t
             if best_c is None:
