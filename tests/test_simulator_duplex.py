@@ -164,11 +164,12 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room() -> None:
     assert t[Action(OFF, 0)] == (1.0, 3.0) and t[Action(F, 2)] == (2.0, 3.0)
     assert t[Action(OFF, 1)] == (3.0, 5.0)
     assert t[Action(REL, 0)] == (5.0, 7.0)  # ready at 3 (F2's end), room at 5
-    assert res.timeline.memory_waits == [[(5, 4)]]  # REL0 (position 5) waits for OFF1 (4)
+    assert res.timeline.reload_waits == [[(5, 4)]]  # REL0 (position 5) waits for OFF1 (4)
+    assert res.timeline.memory_waits == [[]]  # no forward waits
     # one lane: the reload queues behind offload 1 anyway, no wait to name
     half = simulate(_problem(False).with_changes(num_microbatches=3), rows)
     assert _times(half)[Action(REL, 0)] == (5.0, 7.0)
-    assert half.timeline.memory_waits == [[]]
+    assert half.timeline.memory_waits == [[]] and half.timeline.reload_waits == [[]]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -55,6 +55,9 @@ class Timeline:
     # per stage, (index of an F, index of the OFFLOAD it waited for) in list positions: the
     # memory waits the executor must honour (it waits on that copy before the F)
     memory_waits: list[list[tuple[int, int]]] = field(default_factory=list)
+    # the same for RELOADs (duplex lanes only): (index of a RELOAD, index of the OFFLOAD it
+    # waited for); the executor's host-to-device copy must wait on that offload's completion
+    reload_waits: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def compute_rows(self, stage: int) -> list[tuple[Action, float, float]]:
         return [
@@ -389,10 +392,12 @@ class _Simulator:
         starts = [start[off[s] : off[s + 1]] for s in range(p)]
         ends = [end[off[s] : off[s + 1]] for s in range(p)]
         waits: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-        for f_op, o_op in sorted(self.waited.items()):
-            s = int(self.stage[f_op])
-            waits[s].append((f_op - int(off[s]), o_op - int(off[s])))
-        timeline = Timeline(self.actions, starts, ends, waits)
+        reload_waits: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        for w_op, o_op in sorted(self.waited.items()):
+            s = int(self.stage[w_op])
+            pair = (w_op - int(off[s]), o_op - int(off[s]))
+            (reload_waits if self.code[w_op] == 5 else waits)[s].append(pair)
+        timeline = Timeline(self.actions, starts, ends, waits, reload_waits)
         n = self.n
         makespan = float(end.max() - start.min()) if n else 0.0
         is_c = self.is_compute
@@ -505,7 +510,7 @@ class _Simulator:
         xev_cum: list[list[float]] = [[] for _ in range(2 * p)]
         xev_off: list[list[bool]] = [[] for _ in range(2 * p)]
         reloaded = [0.0] * p  # bytes of the stage's timed reloads
-        waited: dict[int, int] = {}  # F op -> the OFFLOAD op it waited for
+        waited: dict[int, int] = {}  # F or RELOAD op -> the OFFLOAD op it waited for
         self.waited = waited
         waiters: dict[int, list[int]] = {}
         # work items: s >= 0 = compute queue of stage s; -1 - c = copy lane c

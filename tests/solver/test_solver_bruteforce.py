@@ -172,7 +172,7 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room_with_duplex_lanes() 
         i = rows[0].index(Action("RELOAD", 0))
         assert float(res.timeline.start[0][i]) == pytest.approx(2.5)  # offload 1's end
     # duplex: the reload's wait is named for the executor (reload 0 at 4 waits for offload 1 at 3)
-    assert simulate(duplex, rows).timeline.memory_waits == [[(4, 3)], []]  # type: ignore[union-attr]
+    assert simulate(duplex, rows).timeline.reload_waits == [[(4, 3)], []]  # type: ignore[union-attr]
 
 
 def test_slow_offload_pays_only_with_the_memory_wait() -> None:
