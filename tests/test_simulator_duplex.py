@@ -201,3 +201,21 @@ def test_a_transfer_starts_only_when_something_it_waits_for_ends(pb: Problem, se
             events = [0.0, *compute_ends.get(s, []), *lane_ends[lane_of(pb, s, a.op)]]
             events += offload_ends.get(s, []) if a.op == REL else []
             assert any(abs(float(st_) - e) <= 1e-9 for e in events), (s, a, float(st_), duplex)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pb=problems(offload=True, limit=True), seed=st.integers(0, 10**6))
+def test_a_schedule_that_fits_without_waiting_keeps_its_timing(pb: Problem, seed: int) -> None:
+    """The memory waits (a forward's, and with duplex lanes a reload's) only ever change the
+    timing of a schedule that breaks the limit without them."""
+    from optpipe_lightning.schedule.simulator import _Simulator
+
+    rows = random_valid_actions(pb, seed)
+    plain = _Simulator(pb, rows, memory_wait=False).run()
+    if not plain.feasible:
+        return
+    res = simulate(pb, rows)
+    assert res.feasible and res.timeline is not None and plain.timeline is not None
+    for s in range(pb.num_stages):
+        assert (res.timeline.start[s] == plain.timeline.start[s]).all()
+    assert not any(res.timeline.memory_waits) and not any(res.timeline.reload_waits)

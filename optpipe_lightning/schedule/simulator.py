@@ -128,17 +128,25 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
-        if (_shared_channels(problem) or is_duplex(problem)) and any(
-            x is not None for x in problem.memory_limits()
-        ):
+        limited = any(x is not None for x in problem.memory_limits())
+        if limited and _shared_channels(problem):
             # On a shared channel, a forward held back to learn whether it must wait can change
-            # which ready copy goes first; with duplex lanes a reload's wait counts only the ops
-            # listed before it, and ops listed after it may already have freed memory. A
-            # schedule that fits without any wait keeps exactly the timing it has without the
-            # rule (docs/formats.md), so try that first.
+            # which ready copy goes first; a schedule that fits without any wait keeps exactly
+            # the timing it has without the rule (docs/formats.md), so try that first.
             plain = _Simulator(problem, actions, memory_wait=False).run()
             if plain.feasible or plain.timeline is None:
                 return plain
+        elif limited and is_duplex(problem):
+            # With duplex lanes a reload's wait counts only the ops listed before it, and ops
+            # listed after it may already have freed memory: where a reload waited, a schedule
+            # that fits without any wait keeps the timing it has without the rule. (Without
+            # reload waits the two timings are the same wherever that one fits: a forward
+            # waits only where it would break the limit.)
+            res = _Simulator(problem, actions).run()
+            if res.timeline is None or not any(res.timeline.reload_waits):
+                return res
+            plain = _Simulator(problem, actions, memory_wait=False).run()
+            return plain if plain.feasible else res
         return _Simulator(problem, actions).run()
     finally:
         if gc_was_enabled:
