@@ -16,8 +16,10 @@ allocates them when it starts. Changes at the same instant net out before the li
 Memory wait: an F whose allocation would not fit when it ends is delayed until it fits, but only
 by the stage's own OFFLOADs listed before it: it ends no earlier than the earliest of their ends
 that makes it fit (the executor waits on that copy). If none does, it runs as early as its list
-position allows and the memory violation is reported. A schedule that fits without waiting is
-timed exactly as without this rule.
+position allows and the memory violation is reported. With duplex lanes a RELOAD waits the same
+way: one whose bytes would not fit when it would start starts when the earliest offload of its
+stage listed before it that makes them fit ends (``Timeline.reload_waits``). A schedule that fits
+without waiting is timed exactly as without these rules.
 
 The same function is the validator: a schedule with missing or duplicate ops, an order that cannot
 progress (deadlock), a reload after its B, an offload of an activation that is not there, or
