@@ -15,6 +15,11 @@ the same limit, with the most any schedule can save there ("at most", from the p
     python benchmarks/bench_solver.py --quick                 # minutes, 10 s per instance
     python benchmarks/bench_solver.py --full --time-limit 60  # hours: the whole grid
     python benchmarks/bench_solver.py --sizes 8x32,16x64 --chunks 1 --time-limit 60
+    python benchmarks/bench_solver.py --quick --lanes duplex,one   # both copy-lane models
+
+Copies run on duplex lanes (``offload.duplex``, the default: a lane each way) or, with
+``--lanes one``, on one lane for both directions; with both, each instance runs with each, side
+by side.
 
 Writes a Markdown table to stdout (and --out FILE) and one JSON object per line to --jsonl.
 """
@@ -39,7 +44,9 @@ QUICK_RATIO = [0.5, 2.0]
 FULL_RATIO = [0.5, 1.0, 2.0, 4.0]
 
 
-def make_problem(p: int, m: int, v: int, mem_frac: float | None, ratio: float) -> Problem:
+def make_problem(
+    p: int, m: int, v: int, mem_frac: float | None, ratio: float, duplex: bool = True
+) -> Problem:
     act = 1.0  # one microbatch's activation per stage, over all its chunks
     limit = None if mem_frac is None else mem_frac * p * act
     chunk_compute = 3.0 / v  # F+B+W of one microbatch on one chunk
@@ -63,6 +70,7 @@ def make_problem(p: int, m: int, v: int, mem_frac: float | None, ratio: float) -
             "bytes": act / v,
             "d2h_bandwidth": (act / v) / copy_time,
             "h2d_bandwidth": (act / v) / copy_time,
+            "duplex": duplex,
         },
     )
 
@@ -128,14 +136,10 @@ def bench_one(pb: Problem, time_limit: float, workers: int, seed: int) -> Row:
     p, m, v = pb.num_stages, pb.num_microbatches, pb.num_chunks
     name = pb.name or ""
     lim = pb.memory_limits()[0]
-    row = Row(
-        name,
-        p,
-        m,
-        v,
-        "unlimited" if lim is None else f"{lim / p:g}p",
-        "-" if pb.offload is None else f"{pb.offload_time(0, 0) / (3.0 / v):g}x",
-    )
+    copy = "-"
+    if pb.offload is not None:
+        copy = f"{pb.offload_time(0, 0) / (3.0 / v):g}x" + ("" if pb.offload.duplex else " 1-lane")
+    row = Row(name, p, m, v, "unlimited" if lim is None else f"{lim / p:g}p", copy)
     base = run_baselines(pb)
     work = p * m * 3.0  # F+B+W = 3 s per microbatch per stage
     po_idle = None
@@ -260,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mems", default=None, help="e.g. 0.25,0.5,none (memory fractions; overrides the mode's)"
     )
+    ap.add_argument(
+        "--lanes",
+        default="duplex",
+        help="copy lanes: duplex (a lane each way), one (one lane for both), or duplex,one",
+    )
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     ap.add_argument("--jsonl", default=None, help="one JSON object per instance")
     a = ap.parse_args(argv)
@@ -275,26 +284,30 @@ def main(argv: list[str] | None = None) -> int:
         mems = [None if x.strip().lower() == "none" else float(x) for x in a.mems.split(",")]
     tl = a.time_limit if a.time_limit is not None else (60.0 if full else 10.0)
     chunks = [int(c) for c in a.chunks.split(",")]
+    lanes = [x.strip() for x in a.lanes.split(",") if x.strip()]
+    if not lanes or any(x not in ("duplex", "one") for x in lanes):
+        ap.error(f"--lanes takes duplex, one or both (comma-separated), not {a.lanes!r}")
     rows: list[Row] = []
     jf = open(a.jsonl, "w") if a.jsonl else None  # noqa: SIM115 - closed below
     for p, m in sizes:
         for v in chunks:
             for mem in mems:
                 for ratio in ratios if mem is not None else [0.0]:
-                    pb = make_problem(p, m, v, mem, ratio)
-                    r = bench_one(pb, tl, a.workers, a.seed)
-                    rows.append(r)
-                    print(
-                        f"{pb.name}: heuristic {fmt(r.heuristic)} solved {fmt(r.solved)} "
-                        f"bound {fmt(r.bound)} best baseline {fmt(r.best_baseline)} "
-                        f"({r.best_baseline_name}) first {fmt(r.t_first, 3)}s "
-                        f"wall {fmt(r.solve_seconds, 2)}s {r.error}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    if jf:
-                        jf.write(json.dumps(asdict(r)) + "\n")
-                        jf.flush()
+                    for lane in lanes if mem is not None else lanes[:1]:
+                        pb = make_problem(p, m, v, mem, ratio, duplex=lane == "duplex")
+                        r = bench_one(pb, tl, a.workers, a.seed)
+                        rows.append(r)
+                        print(
+                            f"{pb.name} {lane}: heuristic {fmt(r.heuristic)} solved "
+                            f"{fmt(r.solved)} bound {fmt(r.bound)} best baseline "
+                            f"{fmt(r.best_baseline)} ({r.best_baseline_name}) first "
+                            f"{fmt(r.t_first, 3)}s wall {fmt(r.solve_seconds, 2)}s {r.error}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        if jf:
+                            jf.write(json.dumps(asdict(r)) + "\n")
+                            jf.flush()
     names: list[str] = []
     for r in rows:
         for b in r.baselines:

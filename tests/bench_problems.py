@@ -17,6 +17,13 @@ def bench_problem(
     return make_problem(p, m, v, mem, copy)
 
 
+def one_lane(problem: Problem) -> Problem:
+    """``problem`` with its copies on one lane for both directions (``offload.duplex: false``),
+    for the tests whose numbers were worked out for it."""
+    assert problem.offload is not None
+    return problem.with_changes(offload={**problem.offload.model_dump(), "duplex": False})
+
+
 def brute_problem(
     p: int,
     m: int,
@@ -26,9 +33,12 @@ def brute_problem(
     offload: bool = False,
     bandwidth: float = 4.0,
     t_bw: float | None = None,
+    duplex: bool = True,
+    shared: bool = False,
 ) -> Problem:
     """F = 1, B = 2, W = ``t_w``, p2p 0.5; activation 2 (B frees half, W the rest); copies of the
-    whole activation at ``bandwidth`` (4: half an F) when ``offload``; a fused backward of
+    whole activation at ``bandwidth`` (4: half an F) when ``offload``, on duplex lanes or one lane
+    for both directions, every stage on one channel when ``shared``; a fused backward of
     ``t_bw`` (None: B + W)."""
     return Problem(
         num_stages=p,
@@ -42,7 +52,13 @@ def brute_problem(
         m_b=-1.0,
         m_w=-1.0,
         memory_limit=limit,
-        offload={"bytes": 2.0, "d2h_bandwidth": bandwidth, "h2d_bandwidth": bandwidth}
+        offload={
+            "bytes": 2.0,
+            "d2h_bandwidth": bandwidth,
+            "h2d_bandwidth": bandwidth,
+            "duplex": duplex,
+            "channel_groups": [list(range(p))] if shared else [],
+        }
         if offload
         else None,
     )

@@ -55,6 +55,7 @@ def problems(
             "d2h_bandwidth": draw(st.sampled_from([0.5, 2.0, 10.0])),
             "h2d_bandwidth": draw(st.sampled_from([0.5, 2.0, 10.0])),
             "channel_groups": [[0, 1]] if p >= 2 and draw(st.booleans()) else [],
+            "duplex": draw(st.booleans()),
         }
         if use_off
         else None,

@@ -43,10 +43,11 @@ def test_offload_weakens_the_memory_bound() -> None:
     assert lower_bound(off) <= 108
 
 
-def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
+@pytest.mark.parametrize("duplex,copy", [(False, 2.0), (True, 3.0)])
+def test_slow_copies_raise_the_memory_bound_and_it_stays_valid(duplex: bool, copy: float) -> None:
     from optpipe_lightning.schedule.baselines import generate
 
-    def problem(copy: float) -> Problem:
+    def problem(copy: float, duplex: bool = duplex) -> Problem:
         bw = 1.0 / (3 * copy)  # one copy takes `copy` x (F + B + W)
         return Problem(
             num_stages=8,
@@ -55,13 +56,15 @@ def test_slow_copies_raise_the_memory_bound_and_it_stays_valid() -> None:
             t_b=1,
             t_w=1,
             memory_limit=2,
-            offload={"bytes": 1, "d2h_bandwidth": bw, "h2d_bandwidth": bw},
+            offload={"bytes": 1, "d2h_bandwidth": bw, "h2d_bandwidth": bw, "duplex": duplex},
         )
 
-    fast, slow = bound_parts(problem(0.5)), bound_parts(problem(2.0))
+    fast, slow = bound_parts(problem(0.5)), bound_parts(problem(copy))
     assert slow.memory > fast.memory
     assert slow.binding == "memory" and slow.value > 216  # the copy-free argument gave 216
-    sched = generate("adaoffload", problem(2.0))
+    # duplex lanes carry each copy beside the other direction's: never a higher bound
+    assert bound_parts(problem(copy, True)).value <= bound_parts(problem(copy, False)).value
+    sched = generate("adaoffload", problem(copy))
     assert sched.evaluation is not None and sched.evaluation.feasible
     assert slow.value <= sched.evaluation.makespan  # type: ignore[operator]
 
@@ -374,24 +377,35 @@ def test_shared_channel_bound_with_one_device_is_the_per_device_bound() -> None:
     assert both > alone * 1.01
 
 
-def test_a_shared_channel_raises_the_bound_on_the_measured_14_6b_profile() -> None:
-    # the ZB paper's 14.6B profile (examples/problems), at half of 1F1B's memory: a copy takes
-    # 1.5x the stage's F + B + W and two GPUs share each PCIe switch. Per device the copies seem
-    # to fit (bound 1.695, the drain's); shared, they do not
+@pytest.mark.parametrize(
+    "duplex,share,alone,shared",
+    [(False, 0.5, 1.695, 1.8642), (True, 0.25, 1.8497, 2.5886)],
+)
+def test_a_shared_channel_raises_the_bound_on_the_measured_14_6b_profile(
+    duplex: bool, share: float, alone: float, shared: float
+) -> None:
+    # the ZB paper's 14.6B profile (examples/problems): a copy takes 1.5x the stage's F + B + W
+    # and two GPUs share each PCIe switch. Per device the copies seem to fit; shared, they do
+    # not. On one lane for both directions that binds at half of 1F1B's memory (the drain's
+    # 1.695 -> 1.864); with duplex lanes only at a quarter (1.850 -> 2.589)
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     base = Problem.model_validate_json(
         (root / "examples/problems/zb-14.6b-p16-m48.json").read_text()
     )
-    half = base.with_changes(memory_limit=0.5 * 16 * float(base.cost("m_f")[0, 0]))
-    apart = bound_parts(_channel_groups(half, []))
-    shared = bound_parts(half)
-    assert apart.value == pytest.approx(1.695, abs=1e-3)
-    assert shared.binding == "memory" and shared.value == pytest.approx(1.8642, abs=1e-3)
+    assert base.offload is not None
+    pb = base.with_changes(
+        memory_limit=share * 16 * float(base.cost("m_f")[0, 0]),
+        offload={**base.offload.model_dump(), "duplex": duplex},
+    )
+    apart = bound_parts(_channel_groups(pb, []))
+    joint = bound_parts(pb)
+    assert apart.value == pytest.approx(alone, abs=1e-3)
+    assert joint.binding == "memory" and joint.value == pytest.approx(shared, abs=1e-3)
     best = min(
         s.evaluation.makespan
-        for s in heuristic_schedules(half)
+        for s in heuristic_schedules(pb)
         if s.evaluation is not None and s.evaluation.feasible and s.evaluation.makespan
     )
-    assert shared.value <= best
+    assert joint.value <= best

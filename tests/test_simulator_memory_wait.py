@@ -20,8 +20,9 @@ F, B, W, BW = "F", "B", "W", "BW"
 OFF, REL = "OFFLOAD", "RELOAD"
 
 
-def _one_stage(limit: float, copy: float, **kw: Any) -> Problem:
-    """One stage, F = 1, BW = 2, one activation = 1 byte, a copy takes ``copy`` seconds."""
+def _one_stage(limit: float, copy: float, duplex: bool = True, **kw: Any) -> Problem:
+    """One stage, F = 1, BW = 2, one activation = 1 byte, a copy takes ``copy`` seconds; with
+    ``duplex`` offloads and reloads run on lanes of their own."""
     args: dict[str, Any] = {
         "num_stages": 1,
         "num_microbatches": 3,
@@ -32,7 +33,12 @@ def _one_stage(limit: float, copy: float, **kw: Any) -> Problem:
         "m_b": -0.5,
         "m_w": -0.5,
         "memory_limit": limit,
-        "offload": {"bytes": 1.0, "d2h_bandwidth": 1.0 / copy, "h2d_bandwidth": 1.0 / copy},
+        "offload": {
+            "bytes": 1.0,
+            "d2h_bandwidth": 1.0 / copy,
+            "h2d_bandwidth": 1.0 / copy,
+            "duplex": duplex,
+        },
     }
     args.update(kw)
     return Problem(**args)
@@ -121,9 +127,11 @@ def test_the_earliest_offload_that_suffices_is_the_one_waited_for() -> None:
     assert res.evaluation.peak_memory == [pytest.approx(2.0)]
 
 
-def test_an_earlier_reload_can_make_the_f_wait_for_a_later_offload() -> None:
-    # reload 0 takes back at t=5 the byte offload 0 frees at t=5, so F3 waits for offload 1
-    pb = _one_stage(limit=3.0, copy=2.0, num_microbatches=4)
+@pytest.mark.parametrize("duplex", [False, True])
+def test_an_earlier_reload_can_make_the_f_wait_for_a_later_offload(duplex: bool) -> None:
+    # reload 0 takes back at t=5 the byte offload 0 frees at t=5, so F3 waits for offload 1.
+    # One lane: offload 1 queues behind reload 0 (7..9). Duplex: it runs beside it (5..7)
+    pb = _one_stage(limit=3.0, copy=2.0, num_microbatches=4, duplex=duplex)
     rows = [
         [
             Action(F, 0),
@@ -145,8 +153,12 @@ def test_an_earlier_reload_can_make_the_f_wait_for_a_later_offload() -> None:
     t = _times(res)
     assert t[Action(OFF, 0)] == (3.0, 5.0)
     assert t[Action(REL, 0)] == (5.0, 7.0)
-    assert t[Action(OFF, 1)] == (7.0, 9.0)
-    assert t[Action(F, 3)] == (8.0, 9.0)
+    if duplex:
+        assert t[Action(OFF, 1)] == (5.0, 7.0)
+        assert t[Action(F, 3)] == (6.0, 7.0)
+    else:
+        assert t[Action(OFF, 1)] == (7.0, 9.0)
+        assert t[Action(F, 3)] == (8.0, 9.0)
     assert res.evaluation.peak_memory == [pytest.approx(3.0)]
 
 
@@ -307,6 +319,7 @@ def test_a_schedule_that_fits_without_waiting_keeps_its_timing_on_a_shared_chann
             "d2h_bandwidth": 0.5,
             "h2d_bandwidth": 2.0,
             "channel_groups": [[0, 1]],
+            "duplex": False,  # the case was found on one lane for both directions
         },
     )
     rows = [

@@ -25,11 +25,14 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    of the limit's byte-seconds per F are unusable, less ``moved * F`` for each offload that
    ends inside it. The integral of memory over time plus the unusable part is at most
    ``limit * makespan``. Each offloaded activation also keeps the
-   device's copy channel busy ``t_off + t_rel``, and every copy runs within the makespan. So
+   device's copy lane busy ``t_off + t_rel`` (one lane for both directions), or with duplex lanes
+   its offload lane ``t_off`` and its reload lane ``t_rel``; every copy runs within the makespan,
+   and as all copies move bytes at the same two bandwidths, the busier lane is the same for all,
+   so with duplex each activation counts ``max(t_off, t_rel)`` there (``lanes.lane_seconds``). So
    ``makespan >= T`` for the least T at which the copies that fit in T save enough byte-seconds
    (a fractional knapsack over which activations to offload: a relaxation, hence a valid bound).
-   Devices of one channel group (GPUs behind one PCIe switch) share that channel, so the copies
-   all of them need, each the least channel time that saves its own shortfall at T, fit in T
+   Devices of one channel group (GPUs behind one PCIe switch) share that channel's lanes, so the
+   copies all of them need, each the least lane time that saves its own shortfall at T, fit in T
    together: with two GPUs per switch this is what binds where copies are slow.
 5. **One thing at a time** (per device d, when no two of its activations fit together within
    the limit): while an F runs nothing else is resident but an activation whose offload ends
@@ -57,7 +60,7 @@ layer groups ``g = 0..G-1`` in model order (``G = p*v``), ``F_g, B_g, W_g`` thei
    whole chain and back down to d), so until then d runs only forwards. Let ``e`` be the end of
    the last forward d starts before ``t1``: no backward of d runs before ``e`` (d is busy), so
    every activation those forwards made is held at ``e`` but what an offload ended by ``e`` moved
-   to the host, and offloads run one at a time on d's channel from d's first forward end. So at
+   to the host, and offloads run one at a time (on d's lane) from d's first forward end. So at
    most ``n`` forwards start before ``t1``, the most whose activations fit in the limit plus what
    the offloads that can end by then move (an integer count per chunk; a chunk's forward needs
    the lower chunk's of its microbatch first). Of ``[head, t1]``, at least ``t1 - head`` less
@@ -71,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .lanes import lane_seconds
 from .problem import Problem
 from .simulator import MEMORY_TOLERANCE
 
@@ -183,11 +187,14 @@ def bound_parts(problem: Problem) -> BoundParts:
             t_off = pb.offload_time(s, c)
             trip = t_off + pb.reload_time(s, c)
             resident = fwd_rest[g] + down[g] + B[g]
-            chunks.append((g, resident, float(m_f[s, c]), -float(m_w[s, c]), moved, t_off, trip))
+            lane = lane_seconds(pb, s, c) if pb.offload is not None else 0.0
+            chunks.append(
+                (g, resident, float(m_f[s, c]), -float(m_w[s, c]), moved, t_off, trip, lane)
+            )
         f_longest = max(F[g] for g, *_ in chunks)
         full = 0.0  # resident (or unusable) byte-seconds if nothing is offloaded
-        options: list[tuple[float, float, int]] = []  # (saving, channel seconds, count) per chunk
-        for g, resident, act, wpart, moved, _t_off, trip in chunks:
+        options: list[tuple[float, float, int]] = []  # (saving, lane seconds, count) per chunk
+        for g, resident, act, wpart, moved, _t_off, trip, lane in chunks:
             # while an F runs, nothing of its device frees memory but an offload ending: the
             # level stays limit - act until then (the F adds act when it ends), so act * F of
             # the limit's byte-seconds are unusable per F
@@ -198,7 +205,7 @@ def bound_parts(problem: Problem) -> BoundParts:
                 # of that F's unusable byte-seconds
                 saving = moved * (resident - (trip + B[g]) + f_longest)
                 if saving > 0:
-                    options.append((saving, trip, m))
+                    options.append((saving, lane, m))
         by_channel.setdefault(channel[s], []).append((full, lim, options))
         room = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         # 6. drain
@@ -221,14 +228,14 @@ def bound_parts(problem: Problem) -> BoundParts:
         span = 0.0  # seconds the stage's memory is surely occupied, nothing offloaded
         single: list[tuple[float, float, int]] = []
         tail = float("inf")
-        for g, resident, _act, wpart, moved, t_off, trip in chunks:
+        for g, resident, _act, wpart, moved, t_off, trip, lane in chunks:
             w_g = W[g] if wpart > 0 and w_alone else 0.0
             span += m * (F[g] + resident + w_g)
             tail = min(tail, max(0.0, below[g] - w_g))
             if moved > 0:
                 saving = resident - (trip + B[g]) + min(f_longest, t_off)
                 if saving > 0:
-                    single.append((saving, trip, m))
+                    single.append((saving, lane, m))
         head = min(EF[g] for g, *_ in chunks)
         mem_lb = max(mem_lb, least_time_for_memory(span + head + tail, 1.0, single))
     # 4. per copy channel: a device alone on its own, the devices of a group together
@@ -343,10 +350,11 @@ def least_time_for_memory(
 ) -> float:
     """Least T with ``full - savings <= limit * T`` for offloads whose copies fit in T.
 
-    Offloading one activation saves ``saving`` resident byte-seconds and keeps its copy channel
-    busy ``trip`` seconds (offload plus reload), and every copy of a stage runs within the
-    makespan on its channel, so with fractional offload counts (a relaxation) the best savings
-    within channel time T is a fractional knapsack: one device alone on its channel.
+    Offloading one activation saves ``saving`` resident byte-seconds and keeps its busier copy
+    lane busy ``trip`` seconds (``lanes.lane_seconds``: offload plus reload on one lane, the
+    longer of the two with duplex lanes), and every copy of a stage runs within the makespan on
+    its lanes, so with fractional offload counts (a relaxation) the best savings within lane
+    time T is a fractional knapsack: one device alone on its channel.
     """
     if not options:
         return full / limit

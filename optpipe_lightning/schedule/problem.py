@@ -62,6 +62,11 @@ class OffloadSpec(_Strict):
         default_factory=list,
         description="stages sharing one copy channel (a PCIe switch); others have their own",
     )
+    duplex: bool = Field(
+        default=True,
+        description="a channel copies each way at once (a device-to-host and a host-to-device "
+        "lane, each one transfer at a time); false: one lane for both directions",
+    )
 
 
 class Problem(_Strict):
@@ -279,6 +284,7 @@ class Problem(_Strict):
                 "d2h_bandwidth": float(self.offload.d2h_bandwidth),
                 "h2d_bandwidth": float(self.offload.h2d_bandwidth),
                 "channel_groups": sorted(sorted(g) for g in self.offload.channel_groups if g),
+                "duplex": self.offload.duplex,
             },
         }
         text = json.dumps(canon, sort_keys=True, separators=(",", ":"))

@@ -4,9 +4,10 @@ Event-driven over integer op ids. Each stage runs its compute actions in list or
 as its dependencies allow (an F needs the previous layer group's F, plus ``t_comm`` of the sending
 stage when that group is on another device; a B needs its own F and the next group's B, plus comm;
 a W needs its B; a B of an offloaded activation needs its RELOAD). Transfers run one at a time per
-copy channel, in list order per stage, issued when the compute action listed before them ends;
-on a channel shared by several stages the ready transfer that can start first goes first (ties:
-lower stage).
+copy lane (``lanes``: with ``offload.duplex`` a channel's OFFLOADs and RELOADs run on two lanes at
+once, else on one), in list order per stage and lane, issued when the compute action listed before
+them ends; on a lane shared by several stages the ready transfer that can start first goes first
+(ties: lower stage).
 
 Memory (per stage, activations only, starting at 0): F adds ``m_f`` when it ends, B adds ``m_b``
 and W ``m_w`` when they end (a BW both), an OFFLOAD frees its bytes when it ends, a RELOAD
@@ -15,8 +16,10 @@ allocates them when it starts. Changes at the same instant net out before the li
 Memory wait: an F whose allocation would not fit when it ends is delayed until it fits, but only
 by the stage's own OFFLOADs listed before it: it ends no earlier than the earliest of their ends
 that makes it fit (the executor waits on that copy). If none does, it runs as early as its list
-position allows and the memory violation is reported. A schedule that fits without waiting is
-timed exactly as without this rule.
+position allows and the memory violation is reported. With duplex lanes a RELOAD waits the same
+way: one whose bytes would not fit when it would start starts when the earliest offload of its
+stage listed before it that makes them fit ends (``Timeline.reload_waits``). A schedule that fits
+without waiting is timed exactly as without these rules.
 
 The same function is the validator: a schedule with missing or duplicate ops, an order that cannot
 progress (deadlock), a reload after its B, an offload of an activation that is not there, or
@@ -35,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .lanes import is_duplex, stage_lanes
 from .problem import Problem
 from .schedule import COMPUTE_KINDS, Action, Evaluation, Schedule, Violation
 
@@ -53,6 +57,9 @@ class Timeline:
     # per stage, (index of an F, index of the OFFLOAD it waited for) in list positions: the
     # memory waits the executor must honour (it waits on that copy before the F)
     memory_waits: list[list[tuple[int, int]]] = field(default_factory=list)
+    # the same for RELOADs (duplex lanes only): (index of a RELOAD, index of the OFFLOAD it
+    # waited for); the executor's host-to-device copy must wait on that offload's completion
+    reload_waits: list[list[tuple[int, int]]] = field(default_factory=list)
 
     def compute_rows(self, stage: int) -> list[tuple[Action, float, float]]:
         return [
@@ -123,13 +130,25 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
-        if _shared_channels(problem) and any(x is not None for x in problem.memory_limits()):
+        limited = any(x is not None for x in problem.memory_limits())
+        if limited and _shared_channels(problem):
             # On a shared channel, a forward held back to learn whether it must wait can change
             # which ready copy goes first; a schedule that fits without any wait keeps exactly
             # the timing it has without the rule (docs/formats.md), so try that first.
             plain = _Simulator(problem, actions, memory_wait=False).run()
             if plain.feasible or plain.timeline is None:
                 return plain
+        elif limited and is_duplex(problem):
+            # With duplex lanes a reload's wait counts only the ops listed before it, and ops
+            # listed after it may already have freed memory: where a reload waited, a schedule
+            # that fits without any wait keeps the timing it has without the rule. (Without
+            # reload waits the two timings are the same wherever that one fits: a forward
+            # waits only where it would break the limit.)
+            res = _Simulator(problem, actions).run()
+            if res.timeline is None or not any(res.timeline.reload_waits):
+                return res
+            plain = _Simulator(problem, actions, memory_wait=False).run()
+            return plain if plain.feasible else res
         return _Simulator(problem, actions).run()
     finally:
         if gc_was_enabled:
@@ -310,30 +329,44 @@ class _Simulator:
         self.dur = D[code, stage, ch]
         self.is_compute = is_c
 
-    def _memory_tables(self) -> tuple[list[float], list[bool], list[bool], list[int], list[float]]:
+    def _memory_tables(
+        self, duplex: bool
+    ) -> tuple[list[float], list[bool], list[bool], list[int], list[int], list[float], list[float]]:
         """For the memory wait: each op's memory delta, whether it is an OFFLOAD, whether it is
-        an allocating F, and per op the number and the reload bytes of its stage's transfers
-        listed before it."""
+        an allocating F, and per op the number of its stage's transfers listed before it on its
+        first transfer queue (every transfer; with ``duplex`` the OFFLOADs) and on its second
+        (with ``duplex`` the RELOADs; else none), the reload bytes listed before it, and the
+        memory change of the compute ops listed before it."""
         pb = self.pb
         code, stage, ch, n = self.code, self.stage, self.ch, self.n
         m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")
         pbk = pb.cost("offload_bytes")
         DM = np.stack([m_f, m_b, m_w, m_b + m_w, -pbk, pbk])
         delta = DM[code, stage, ch]
-        is_x = (~self.is_compute).astype(np.int64)
-        before = np.cumsum(is_x) - is_x  # transfers before each op, counted over all stages
+        is_r = (code == 5).astype(np.int64)
+        is_q0 = (code == 4).astype(np.int64) if duplex else (~self.is_compute).astype(np.int64)
+        is_q1 = is_r if duplex else np.zeros(n, dtype=np.int64)
+        # transfers before each op, counted over all stages (made per stage below)
+        before0 = np.cumsum(is_q0) - is_q0
+        before1 = np.cumsum(is_q1) - is_q1
         rel = np.where(code == 5, pbk[stage, ch], 0.0)
         rbefore = np.cumsum(rel) - rel
+        comp = np.where(self.is_compute, delta, 0.0)
+        cbefore = np.cumsum(comp) - comp
         if n:
             first = self.offset[stage]
-            before = before - before[first]
+            before0 = before0 - before0[first]
+            before1 = before1 - before1[first]
             rbefore = rbefore - rbefore[first]
+            cbefore = cbefore - cbefore[first]
         return (
             delta.tolist(),
             (code == 4).tolist(),
             ((code == 0) & (delta > 0)).tolist(),
-            before.tolist(),
+            before0.tolist(),
+            before1.tolist(),
             rbefore.tolist(),
+            cbefore.tolist(),
         )
 
     def run(self) -> SimResult:
@@ -369,10 +402,12 @@ class _Simulator:
         starts = [start[off[s] : off[s + 1]] for s in range(p)]
         ends = [end[off[s] : off[s + 1]] for s in range(p)]
         waits: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-        for f_op, o_op in sorted(self.waited.items()):
-            s = int(self.stage[f_op])
-            waits[s].append((f_op - int(off[s]), o_op - int(off[s])))
-        timeline = Timeline(self.actions, starts, ends, waits)
+        reload_waits: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        for w_op, o_op in sorted(self.waited.items()):
+            s = int(self.stage[w_op])
+            pair = (w_op - int(off[s]), o_op - int(off[s]))
+            (reload_waits if self.code[w_op] == 5 else waits)[s].append(pair)
+        timeline = Timeline(self.actions, starts, ends, waits, reload_waits)
         n = self.n
         makespan = float(end.max() - start.min()) if n else 0.0
         is_c = self.is_compute
@@ -440,17 +475,28 @@ class _Simulator:
 
         # compute ops as (op, dep0, dep1, dep2, lag0, lag1, duration): dep2, a reload, has no lag
         comp_rows = per_stage_rows(np.flatnonzero(is_c), (*self.dep, *self.lag, self.dur))
-        # transfers as (op, dep0, dep1, lag0, lag1, duration)
-        xfer_rows = per_stage_rows(np.flatnonzero(~is_c), (*self.dep[:2], *self.lag, self.dur))
+        # transfers as (op, dep0, dep1, lag0, lag1, duration), per transfer queue: queue 2s
+        # holds stage s's OFFLOADs (and its RELOADs unless duplex), queue 2s + 1 its RELOADs
+        # when duplex; each queue keeps list order and runs on one lane
+        duplex = is_duplex(pb)
+        stage_xfers = per_stage_rows(np.flatnonzero(~is_c), (*self.dep[:2], *self.lag, self.dur))
+        xfer_rows: list[list[Any]] = [[] for _ in range(2 * p)]
+        codes = self.code.tolist()
+        for s, rows in enumerate(stage_xfers):
+            if duplex:
+                for r in rows:
+                    xfer_rows[2 * s + (codes[r[0]] == 5)].append(r)
+            else:
+                xfer_rows[2 * s] = rows
         xfer_q = [[r[0] for r in rows] for rows in xfer_rows]
         comp_ptr = [0] * p
-        xfer_ptr = [0] * p
+        xfer_ptr = [0] * (2 * p)
         dev_free = [0.0] * p
-        channel = pb.channel_of()
-        chan_members: dict[int, list[int]] = {}
-        for s in range(p):
-            if xfer_q[s]:
-                chan_members.setdefault(channel[s], []).append(s)
+        lanes = stage_lanes(pb)
+        chan_members: dict[int, list[int]] = {}  # lane -> its queues, by stage
+        for q, rows in enumerate(xfer_rows):
+            if rows:
+                chan_members.setdefault(lanes[q // 2][q % 2], []).append(q)
         chan_free = dict.fromkeys(chan_members, 0.0)
         # memory wait (see the module docstring): per stage the compute ops' running level, and
         # the timed transfers' memory events (time, cumulative delta, is-offload) in list order,
@@ -458,21 +504,26 @@ class _Simulator:
         # (a stage without transfers has no offload to wait for: its F's never wait)
         cap = [
             None
-            if lim is None or not self.memory_wait or not xfer_q[s]
+            if lim is None or not self.memory_wait or not (xfer_q[2 * s] or xfer_q[2 * s + 1])
             else lim * (1 + MEMORY_TOLERANCE) + 1e-6
             for s, lim in enumerate(pb.memory_limits())
         ]
         if any(c is not None for c in cap):
-            mdelta, is_off, waits_for_memory, xbefore, rbefore = self._memory_tables()
+            mdelta, is_off, waits_for_memory, xbefore, xbefore1, rbefore, cbefore = (
+                self._memory_tables(duplex)
+            )
+        # with duplex lanes a RELOAD may wait for memory too (``reload_start``)
+        reload_waits = [duplex and c is not None for c in cap]
         comp_level = [0.0] * p
-        xev_t: list[list[float]] = [[] for _ in range(p)]
-        xev_cum: list[list[float]] = [[] for _ in range(p)]
-        xev_off: list[list[bool]] = [[] for _ in range(p)]
+        # per transfer queue (a queue's transfers are timed in list order and in time order)
+        xev_t: list[list[float]] = [[] for _ in range(2 * p)]
+        xev_cum: list[list[float]] = [[] for _ in range(2 * p)]
+        xev_off: list[list[bool]] = [[] for _ in range(2 * p)]
         reloaded = [0.0] * p  # bytes of the stage's timed reloads
-        waited: dict[int, int] = {}  # F op -> the OFFLOAD op it waited for
+        waited: dict[int, int] = {}  # F or RELOAD op -> the OFFLOAD op it waited for
         self.waited = waited
         waiters: dict[int, list[int]] = {}
-        # work items: s >= 0 = compute queue of stage s; -1 - c = copy channel c
+        # work items: s >= 0 = compute queue of stage s; -1 - c = copy lane c
         work: list[int] = [-1 - c for c in chan_members] + list(range(p - 1, -1, -1))
         in_work = set(work)
         done = 0
@@ -499,28 +550,31 @@ class _Simulator:
                     return b
             return -1
 
-        def record(op: int, s: int, t: float, e: float) -> None:
-            """A timed transfer's memory event (offload: -bytes at its end; reload: +bytes at
-            its start)."""
+        def record(op: int, q: int, t: float, e: float) -> None:
+            """A timed transfer's memory event on its queue ``q`` (offload: -bytes at its end;
+            reload: +bytes at its start)."""
             dm = mdelta[op]
-            cum = xev_cum[s]
+            cum = xev_cum[q]
             cum.append((cum[-1] if cum else 0.0) + dm)
             if is_off[op]:
-                xev_t[s].append(e)
-                xev_off[s].append(True)
+                xev_t[q].append(e)
+                xev_off[q].append(True)
             else:
-                xev_t[s].append(t)
-                xev_off[s].append(False)
-                reloaded[s] += dm
+                xev_t[q].append(t)
+                xev_off[q].append(False)
+                reloaded[q // 2] += dm
 
         def memory_start(s: int, op: int, t: float, du: float) -> tuple[float, int]:
             """Start of F ``op`` (ready at ``t``) under the memory wait, and -1; or (t, the op
             id of an earlier-listed transfer of the stage that must be timed first)."""
+            if duplex:
+                return memory_start_duplex(s, op, t, du)
             lim = cap[s]
             assert lim is not None
             base = comp_level[s] + mdelta[op]
             nb = xbefore[op]
-            times, cum = xev_t[s], xev_cum[s]
+            q = 2 * s
+            times, cum = xev_t[q], xev_cum[q]
             ntimed = len(times)
             tau = t + du
             if ntimed < nb:
@@ -530,11 +584,11 @@ class _Simulator:
                 lvl = base + (cum[i - 1] if i else 0.0) + rbefore[op] - reloaded[s]
                 if lvl <= lim:
                     return t, -1
-                return t, xfer_q[s][ntimed]
+                return t, xfer_q[q][ntimed]
             i = bisect_right(times, tau, 0, nb)
             if base + (cum[i - 1] if i else 0.0) <= lim:
                 return t, -1
-            offs = xev_off[s]
+            offs = xev_off[q]
             k = i
             while k < nb:
                 if offs[k]:
@@ -543,18 +597,90 @@ class _Simulator:
                     while j < nb and times[j] <= tk:
                         j += 1
                     if base + cum[j - 1] <= lim:  # tk > t + du: a real wait
-                        waited[op] = xfer_q[s][k]
+                        waited[op] = xfer_q[q][k]
                         return tk - du, -1
                     k = j
                 else:
                     k += 1
             return t, -1  # no earlier offload makes it fit: the violation is reported
 
-        def run_private_channel(c: int, s: int) -> int:
-            """A channel of one stage: transfers in list order, no arbitration."""
-            k0 = k = xfer_ptr[s]
+        def memory_start_duplex(s: int, op: int, t: float, du: float) -> tuple[float, int]:
+            """``memory_start`` where the stage's OFFLOADs (queue 2s) and RELOADs (queue
+            2s + 1) run on lanes of their own: each queue's events are in time order, not the
+            two together."""
+            lim = cap[s]
+            assert lim is not None
+            base = comp_level[s] + mdelta[op]
+            qo, qr = 2 * s, 2 * s + 1
+            no, nr = xbefore[op], xbefore1[op]
+            to, co = xev_t[qo], xev_cum[qo]
+            tr, cr = xev_t[qr], xev_cum[qr]
+            tau = t + du
+            if len(to) < no or len(tr) < nr:
+                # as in ``memory_start``: fits even with every earlier reload allocated and no
+                # untimed offload freed, or wait until the next untimed one is timed
+                i, j = bisect_right(to, tau), bisect_right(tr, tau)
+                lvl = base + (co[i - 1] if i else 0.0) + (cr[j - 1] if j else 0.0)
+                if lvl + rbefore[op] - reloaded[s] <= lim:
+                    return t, -1
+                return t, (xfer_q[qo][len(to)] if len(to) < no else xfer_q[qr][len(tr)])
+            i, j = bisect_right(to, tau, 0, no), bisect_right(tr, tau, 0, nr)
+            if base + (co[i - 1] if i else 0.0) + (cr[j - 1] if j else 0.0) <= lim:
+                return t, -1
+            k = i
+            while k < no:  # every event of queue 2s is an offload's end
+                tk = to[k]
+                last = k
+                while last + 1 < no and to[last + 1] <= tk:
+                    last += 1
+                while j < nr and tr[j] <= tk:
+                    j += 1
+                if base + co[last] + (cr[j - 1] if j else 0.0) <= lim:  # tk > t + du: a wait
+                    waited[op] = xfer_q[qo][k]
+                    return tk - du, -1
+                k = last + 1
+            return t, -1  # no earlier offload makes it fit: the violation is reported
+
+        def reload_start(q: int, op: int, t: float) -> tuple[float, int, int]:
+            """Start of RELOAD ``op`` (queue ``q``, its lane free and itself ready at ``t``)
+            under the memory wait: at ``t`` if its bytes fit beside the events of the ops
+            listed before it (every compute op and earlier reload of its stage has had its
+            event by then), else when the earliest OFFLOAD of its stage listed before it that
+            makes them fit ends. Returns (start, -1, the OFFLOAD waited for or -1), or (t, an
+            earlier offload not timed yet, -1)."""
+            s = q // 2
+            lim = cap[s]
+            assert lim is not None
+            qo = q - 1
+            no, nr = xbefore[op], xbefore1[op]
+            cr = xev_cum[q]
+            base = cbefore[op] + mdelta[op] + (cr[nr - 1] if nr else 0.0)
+            to, co = xev_t[qo], xev_cum[qo]
+            if len(to) < no:
+                i = bisect_right(to, t)
+                if base + (co[i - 1] if i else 0.0) <= lim:
+                    return t, -1, -1  # fits even if no untimed offload has freed yet
+                return t, xfer_q[qo][len(to)], -1
+            i = bisect_right(to, t, 0, no)
+            if base + (co[i - 1] if i else 0.0) <= lim:
+                return t, -1, -1
+            k = i
+            while k < no:
+                tk = to[k]
+                last = k
+                while last + 1 < no and to[last + 1] <= tk:
+                    last += 1
+                if base + co[last] <= lim:
+                    return tk, -1, xfer_q[qo][k]
+                k = last + 1
+            return t, -1, -1  # no earlier offload makes it fit: the violation is reported
+
+        def run_private_channel(c: int, q: int) -> int:
+            """A lane of one transfer queue: transfers in list order, no arbitration."""
+            s = q // 2
+            k0 = k = xfer_ptr[q]
             free = chan_free[c]
-            for op, a, b, la, lb, du in islice(xfer_rows[s], k0, None):
+            for op, a, b, la, lb, du in islice(xfer_rows[q], k0, None):
                 ea, eb = end[a], end[b]
                 if ea < 0 or eb < 0:
                     wait_on(a if ea < 0 else b, -1 - c)
@@ -564,22 +690,31 @@ class _Simulator:
                     t = eb + lb
                 if free > t:
                     t = free
+                if q & 1 and reload_waits[s]:
+                    t, blocker, held = reload_start(q, op, t)
+                    if blocker >= 0:
+                        wait_on(blocker, -1 - c)
+                        break
+                    if held >= 0:
+                        waited[op] = held
                 start[op] = t
                 free = t + du
                 end[op] = free
                 if cap[s] is not None:
-                    record(op, s, t, free)
+                    record(op, q, t, free)
                 k += 1
                 if op in waiters:
                     wake(op)
-            xfer_ptr[s] = k
+            xfer_ptr[q] = k
             chan_free[c] = free
             return k - k0
 
-        def scan(c: int) -> tuple[int, int, float, list[int]]:
-            """Of a shared channel's head transfers: the one that can start first (stage, op,
-            ready time; stage -1 if none) and the ops the blocked ones wait on."""
-            best_s, best_op, best_t = -1, -1, 0.0
+        def scan(c: int) -> tuple[int, int, float, list[int], int]:
+            """Of a shared lane's head transfers: the one that can start first (its queue, op,
+            ready time; queue -1 if none), the ops the blocked ones wait on, and the OFFLOAD the
+            chosen one waits for memory (-1: none). Queues are in stage order, so ties go to
+            the lower stage."""
+            best_s, best_op, best_t, best_held = -1, -1, 0.0, -1
             blocked: list[int] = []
             for s in chan_members[c]:
                 k = xfer_ptr[s]
@@ -594,9 +729,18 @@ class _Simulator:
                 t = ea + la
                 if eb + lb > t:
                     t = eb + lb
+                held = -1
+                if s & 1 and reload_waits[s // 2]:
+                    # a reload that must wait for memory can start only then
+                    waits_until, blocker, held = reload_start(s, op, max(t, chan_free[c]))
+                    if blocker >= 0:
+                        blocked.append(blocker)
+                        continue
+                    if held >= 0:
+                        t = waits_until
                 if best_s < 0 or t < best_t:
-                    best_s, best_op, best_t = s, op, t
-            return best_s, best_op, best_t, blocked
+                    best_s, best_op, best_t, best_held = s, op, t, held
+            return best_s, best_op, best_t, blocked, best_held
 
         def run_channel(c: int, item: int, force: bool) -> int:
             members = chan_members[c]
@@ -604,23 +748,25 @@ class _Simulator:
                 return run_private_channel(c, members[0])
             started = 0
             while True:
-                s, op, t, blocked = scan(c)
+                q, op, t, blocked, held = scan(c)
                 # A blocked head of another stage might become ready before the ready ones:
                 # wait for it unless forced (the whole simulation is stalled).
-                if s < 0 or (blocked and not force):
+                if q < 0 or (blocked and not force):
                     for b in blocked:
                         wait_on(b, item)
                     return started
                 force = False
                 if chan_free[c] > t:
                     t = chan_free[c]
+                if held >= 0:
+                    waited[op] = held
                 start[op] = t
-                e = t + xfer_rows[s][xfer_ptr[s]][5]
+                e = t + xfer_rows[q][xfer_ptr[q]][5]
                 end[op] = e
-                if cap[s] is not None:
-                    record(op, s, t, e)
+                if cap[q // 2] is not None:
+                    record(op, q, t, e)
                 chan_free[c] = e
-                xfer_ptr[s] += 1
+                xfer_ptr[q] += 1
                 started += 1
                 if op in waiters:
                     wake(op)
@@ -687,11 +833,11 @@ class _Simulator:
                 dev_free[s] = free
             if done >= n:
                 break
-            # Stalled: a shared channel may be holding a ready transfer back while it waits to
+            # Stalled: a shared lane may be holding a ready transfer back while it waits to
             # learn whether a blocked one would be ready earlier. Release the earliest one.
             best_c, best_t = None, 0.0
             for c in chan_members:
-                s, _op, t, _ = scan(c)
+                s, _op, t, _, _ = scan(c)
                 if s >= 0 and (best_c is None or t < best_t):
                     best_c, best_t = c, t
             if best_c is None:
@@ -734,8 +880,9 @@ class _Simulator:
                 return b
             if self.is_compute[b]:
                 return head.get(s, b)
-            k = xfer_ptr[s]
-            return xfer_q[s][k] if k < len(xfer_q[s]) else b
+            q = 2 * s + int(is_duplex(self.pb) and self.code[b] == 5)  # its transfer queue
+            k = xfer_ptr[q]
+            return xfer_q[q][k] if k < len(xfer_q[q]) else b
 
         for start_op in head.values():
             chain = [start_op]

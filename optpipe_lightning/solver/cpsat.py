@@ -1,10 +1,12 @@
-"""The CP-SAT backend: fixed-size intervals, one no-overlap per device and per copy channel,
+"""The CP-SAT backend: fixed-size intervals, one no-overlap per device and per copy lane,
 optional transfer intervals per offload decision, and one memory reservoir per device.
 
 Model (all times integer ticks, see ``ticks``): for every (group g, microbatch j) a start for F,
 B, W; F(g, j) after F(g-1, j) plus the hop, B(g, j) after F(g, j) and after B(g+1, j) plus the
 hop, W after B. Where memory is limited and offload allowed, a Boolean ``o`` per activation with
-optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B after RELOAD). Memory
+optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B after RELOAD), one
+no-overlap per copy lane (``schedule.lanes``: with duplex a channel's offloads and its reloads
+each on a lane of their own, else both on one). Memory
 per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
 m_w at W end, -bytes at OFFLOAD end and +bytes at RELOAD start when ``o``; events at one instant
 net out, as in the simulator. Where a fused backward is cheaper than B then W
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
 from . import fusing
 from .ticks import OpKey, TickModel, fusable
@@ -64,18 +67,18 @@ def memory_scale(problem: Problem) -> float:
 def add_resources(
     md: cp_model.CpModel,
     devices: list[list[cp_model.IntervalVar]],
-    channels: dict[int, list[cp_model.IntervalVar]],
+    lanes: dict[int, list[cp_model.IntervalVar]],
     limits: list[float | None],
     scale: float,
     times: list[list[cp_model.LinearExprT]],
     deltas: list[list[int]],
     actives: list[list[cp_model.LiteralT]],
 ) -> None:
-    """One op at a time per device and per copy channel, and per device with a limit a memory
+    """One op at a time per device and per copy lane, and per device with a limit a memory
     reservoir over its events (``scale``: ``memory_scale``; events at one instant net out)."""
     for ivs in devices:
         md.add_no_overlap(ivs)
-    for ivs in channels.values():
+    for ivs in lanes.values():
         md.add_no_overlap(ivs)
     for s, lim in enumerate(limits):
         if lim is None:
@@ -96,7 +99,6 @@ class _Model:
         lb: int,
         tight: bool,
         window: int | None = None,
-        resource_devices: frozenset[int] | None = None,
     ) -> None:
         pb = problem
         self.pb = pb
@@ -107,8 +109,6 @@ class _Model:
         G = p * v
         table = pb.group_table
         limits = pb.memory_limits()
-        if resource_devices is not None:  # the others hold any memory, run any number of ops
-            limits = [lim if s in resource_devices else None for s, lim in enumerate(limits)]
         ob = pb.cost("offload_bytes")
         use_off = pb.offload is not None and any(x is not None for x in limits)
         self.start: dict[OpKey, cp_model.IntVar] = {}
@@ -124,8 +124,8 @@ class _Model:
         }
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
-        chan = pb.channel_of()
-        chan_iv: dict[int, list[cp_model.IntervalVar]] = {}
+        lanes = stage_lanes(pb)
+        lane_iv: dict[int, list[cp_model.IntervalVar]] = {}
         sc = memory_scale(pb)
 
         def mem(x: float) -> int:
@@ -222,7 +222,8 @@ class _Model:
                     self.end[("RELOAD", s, c, j)] = sr + d_rel
                     iv_o = md.new_optional_fixed_size_interval_var(so, d_off, o, f"io{s}.{c}.{j}")
                     iv_r = md.new_optional_fixed_size_interval_var(sr, d_rel, o, f"ir{s}.{c}.{j}")
-                    chan_iv.setdefault(chan[s], []).extend([iv_o, iv_r])
+                    lane_iv.setdefault(lanes[s][0], []).append(iv_o)
+                    lane_iv.setdefault(lanes[s][1], []).append(iv_r)
                     md.add(so >= F + df).only_enforce_if(o)
                     md.add(sr >= so + d_off).only_enforce_if(o)
                     md.add(sr + d_rel <= B).only_enforce_if(o)
@@ -236,9 +237,7 @@ class _Model:
                     res_times[s] += [so + d_off, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
-        if resource_devices is not None:
-            dev_iv = [ivs if s in resource_devices else [] for s, ivs in enumerate(dev_iv)]
-        add_resources(md, dev_iv, chan_iv, limits, sc, res_times, res_deltas, res_active)
+        add_resources(md, dev_iv, lane_iv, limits, sc, res_times, res_deltas, res_active)
         self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
         if tight:
             self._add_no_voluntary_idle(window)
@@ -487,46 +486,6 @@ def solve_cpsat(
     return out
 
 
-def solve_device_relaxation(
-    problem: Problem,
-    tm: TickModel,
-    devices: set[int] | frozenset[int],
-    *,
-    horizon: int,
-    hint: tuple[dict[OpKey, int], set[tuple[int, int, int]]] | None,
-    time_limit: float,
-    workers: int = 1,
-    seed: int = 0,
-    on_solution: SolutionFn | None = None,
-) -> CpOutcome:
-    """CP-SAT on the problem with only ``devices``' resources: their one-op-at-a-time, copy
-    channels and memory limits. Every other device runs any number of ops at once and holds any
-    memory; the chain of each microbatch (every F up, every B down, each hop) still binds.
-
-    A relaxation (of the relaxed model, see ``solve_cpsat``): its optimum is at most the
-    problem's. And a lower bound that reasons about one device's resources and the chain alone
-    (the memory-time, one-thing-at-a-time, drain and fill arguments of ``schedule.bounds``)
-    holds for this relaxation too, so it is at most its optimum, hence at most any makespan found:
-    with one device, a solution found is a ceiling on every such bound for that device
-    (``benchmarks/bench_bound_ceiling.py``). Not a solver of the problem: its solutions may
-    break the other devices' limits.
-    """
-    model = _Model(problem, tm, horizon, 0, False, resource_devices=frozenset(devices))
-    if hint is not None:
-        model.add_hint(*hint)
-    return _search(
-        model,
-        time_limit=time_limit,
-        gap_target=0.0,
-        seed=seed,
-        workers=workers,
-        on_solution=on_solution,
-        stop=None,
-        deterministic_time=None,
-        tight=False,
-    )
-
-
 def _search(
     model: _Model,
     *,
@@ -627,16 +586,18 @@ def tight_options(
     The simulator runs every op as early as its list position allows, so a timing it reproduces
     starts every op at time 0 (``None``), at a dependency's end plus its hop, or exactly when
     another op of its device ends (a transfer: a compute op of its stage, its issue point, or a
-    transfer of its copy channel). The one wait it knows is for memory: an F may end exactly
-    when an earlier OFFLOAD of its stage ends (given ``dur``, the ticks of each op). A solution
-    that idles otherwise would be timed earlier there and could break the memory limit.
+    transfer of its copy lane). The one wait it knows is for memory: an F may end exactly
+    when an earlier OFFLOAD of its stage ends (given ``dur``, the ticks of each op), and with
+    duplex lanes a RELOAD may start exactly then. A solution that idles otherwise would be timed
+    earlier there and could break the memory limit.
     """
-    chan = problem.channel_of()
+    lanes = stage_lanes(problem)
+    duplex = is_duplex(problem)
     compute: dict[int, list[OpKey]] = {}
-    xfers: dict[int, list[OpKey]] = {}
+    xfers: dict[int, list[OpKey]] = {}  # per copy lane
     for key in keys:
         if key[0] in ("OFFLOAD", "RELOAD"):
-            xfers.setdefault(chan[key[1]], []).append(key)
+            xfers.setdefault(lanes[key[1]][key[0] == "RELOAD"], []).append(key)
         else:
             compute.setdefault(key[1], []).append(key)
 
@@ -663,12 +624,20 @@ def tight_options(
         seen = {d for d, _ in deps[key]}
         cands = [a for a in compute.get(s, []) if maybe_before(a, key)]
         if key[0] in ("OFFLOAD", "RELOAD"):
-            cands += [a for a in xfers.get(chan[s], []) if a[1:] != key[1:] and near(a, key)]
-        opts.extend((a, 0) for a in cands if a not in seen)
+            lane = lanes[s][key[0] == "RELOAD"]
+            cands += [a for a in xfers.get(lane, []) if a[1:] != key[1:] and near(a, key)]
+        if key[0] == "RELOAD" and duplex:
+            # the reload's memory wait: it may start when an offload of its stage ends
+            cands += [
+                a
+                for a in xfers.get(lanes[s][0], [])
+                if a[0] == "OFFLOAD" and a[1] == s and a[1:] != key[1:] and near(a, key)
+            ]
+        opts.extend((a, 0) for a in dict.fromkeys(cands) if a not in seen)
         if key[0] == "F" and dur is not None:
             opts.extend(
                 (a, -dur[key])
-                for a in xfers.get(chan[s], [])
+                for a in xfers.get(lanes[s][0], [])
                 if a[0] == "OFFLOAD"
                 and a[1] == s
                 and near(a, key)

@@ -48,6 +48,7 @@ import itertools
 from bisect import bisect_right, insort
 from dataclasses import dataclass
 
+from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import evaluate
@@ -319,18 +320,22 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
     t_off = [[pb.offload_time(s, c) for c in range(v)] for s in range(p)]
     t_rel = [[pb.reload_time(s, c) for c in range(v)] for s in range(p)]
     limits = pb.memory_limits()
-    chan = pb.channel_of()
+    # copy lanes (``schedule.lanes``): per stage (offload lane, reload lane), the same one on
+    # one lane for both directions
+    lanes = stage_lanes(pb)
+    duplex = is_duplex(pb)
     mem = [_Memory(limits[s]) for s in range(p)]
     off_on = pb.offload is not None and rule.offload != "none"
-    members: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}  # lane -> the stages on it
     for s in range(p):
-        members.setdefault(chan[s], []).append(s)
+        for lane in dict.fromkeys(lanes[s]):
+            members.setdefault(lane, []).append(s)
 
     rows: list[list[Action]] = [[] for _ in range(p)]
     last_end = [0.0] * p  # end of the last compute op listed on each stage
     last_op: list[tuple[str, int, int] | None] = [None] * p  # (op, group, mb)
     dev_free = [0.0] * p
-    chan_free = dict.fromkeys(members, 0.0)
+    lane_free = dict.fromkeys(members, 0.0)
     f_end = [[-1.0] * m for _ in range(G)]
     b_start = [[-1.0] * m for _ in range(G)]
     b_end = [[-1.0] * m for _ in range(G)]
@@ -375,9 +380,9 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
     trig_wait: dict[tuple[int, int], list[int]] = {}  # (trigger group, mb) -> groups to reload
     reservation = [[-1.0] * m for _ in range(G)]  # from when a planned reload's memory counts
     reserved: list[list[tuple[float, float]]] = [[] for _ in range(p)]  # ... per stage
-    # planned copies not yet issued, per channel: ("O" | "R", group, mb) -> (start, end)
-    chan_plan: dict[int, dict[tuple[str, int, int], tuple[float, float]]] = {
-        ch: {} for ch in members
+    # planned copies not yet issued, per lane: ("O" | "R", group, mb) -> (start, end)
+    lane_plan: dict[int, dict[tuple[str, int, int], tuple[float, float]]] = {
+        lane: {} for lane in members
     }
 
     def forecast(s: int, now: float) -> list[tuple[float, float]]:
@@ -413,17 +418,19 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         still hides the reload (``rule.margin``) is tried first, then shallower ones (the B
         then waits for the reload)."""
         c = table[g][1]
-        ch = chan[s]
-        if chan_free[ch] > fe + _EPS or pending_reloads[s]:
+        lane_o, lane_r = lanes[s]
+        # on one lane the stage's pending reloads go first; with duplex they use the other lane
+        if lane_free[lane_o] > fe + _EPS or (pending_reloads[s] and not duplex):
             return None
         oe = fe + t_off[s][c]
-        plan = chan_plan[ch]
+        plan = lane_plan[lane_o]
         for key, (a, b) in list(plan.items()):
             if b < fe - _EPS and key[0] == "O":
                 del plan[key]
                 continue
             if a < oe - _EPS and fe < b - _EPS:
                 return None
+        plan = lane_plan[lane_r]
         bb = float(ob[s][c])
         # now: the copy must free the memory before anything else needs it
         if not mem[s].fits_many([(fe, need), (oe, -bb)], reserved[s]):
@@ -463,18 +470,29 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
 
     def issue_transfer(s: int, op: str, g: int, j: int, ready: float, now: float) -> float | None:
         """Start time of a transfer appended now, or None if it cannot be placed now."""
-        ch = chan[s]
-        st = max(last_end[s], chan_free[ch], ready)
+        lane = lanes[s][op == "RELOAD"]
+        st = max(last_end[s], lane_free[lane], ready)
         c = table[g][1]
         if op == "RELOAD":
-            if st < now - _EPS and last_end[s] < now - _EPS and last_op[s] is not None:
-                # it would have started in the past: only if memory allowed it then
-                pass
-            if not mem[s].fits(st, float(ob[s][c])):
-                return None
+            bb = float(ob[s][c])
+            if not mem[s].fits(st, bb):
+                if not duplex:
+                    return None
+                # the simulator's memory wait (duplex lanes): the reload starts when the first
+                # of the stage's offloads after which its bytes fit ends
+                lim_s = (limits[s] or 0.0) * (1 + 1e-9) + 1e-6
+                ends = stage_off_ends[s]  # increasing: a lane copies one at a time
+                for oe in ends[bisect_right(ends, st + _EPS) :]:
+                    if mem[s].level_at(oe) + bb <= lim_s:
+                        if not mem[s].fits(oe, bb):
+                            return None
+                        st = oe
+                        break
+                else:
+                    return None
         dur = t_off[s][c] if op == "OFFLOAD" else t_rel[s][c]
         rows[s].append(Action(op, j, c))
-        chan_free[ch] = st + dur
+        lane_free[lane] = st + dur
         if op == "OFFLOAD":
             mem[s].add(st + dur, -float(ob[s][c]))
             stage_off_ends[s].append(st + dur)
@@ -482,7 +500,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         else:
             mem[s].add(st, float(ob[s][c]))
             rel_end[g][j] = st + dur
-        for s2 in members[ch]:
+        for s2 in members[lane]:
             wake(st + dur, s2)
         return st
 
@@ -497,7 +515,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             c = table[g][1]
             if plan_on:
                 if offloaded[g][j] and off_end[g][j] < 0:
-                    chan_plan[chan[s]].pop(("O", g, j), None)
+                    lane_plan[lanes[s][0]].pop(("O", g, j), None)
                     issue_transfer(s, "OFFLOAD", g, j, f_end[g][j], now)
             elif (
                 g < G - 1
@@ -526,7 +544,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                 # the reload's own memory event replaces the reservation
                 reserved[s].remove((rt, float(ob[s][table[g][1]])))
                 reservation[g][j] = -1.0
-                chan_plan[chan[s]].pop(("R", g, j), None)
+                lane_plan[lanes[s][1]].pop(("R", g, j), None)
             pend.pop(0)
         # 3. compute
         if dev_free[s] > now + _EPS:
@@ -674,9 +692,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                 offloaded[g][j] = True
                 reservation[g][j] = est
                 reserved[s].append((est, bb))
-                plan = chan_plan[chan[s]]
-                plan[("O", g, j)] = (now + d, oe)
-                plan[("R", g, j)] = (est, est + t_rel[s][c])
+                lane_plan[lanes[s][0]][("O", g, j)] = (now + d, oe)
+                lane_plan[lanes[s][1]][("R", g, j)] = (est, est + t_rel[s][c])
             if g < G - 1:
                 wake(now + d + lag_in[g + 1], table[g + 1][0])
             op = "F"

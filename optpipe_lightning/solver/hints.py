@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import simulate
@@ -46,8 +47,8 @@ def tick_times(
         items.sort(key=lambda x: (x[0], x[1]))
         ends: dict[OpKey, int] = {}
         dev = [0] * pb.num_stages
-        chan = pb.channel_of()
-        chan_free: dict[int, int] = {}
+        lanes = stage_lanes(pb)
+        lane_free: dict[int, int] = {}
         gof = {
             (s, c): pb.group_of(s, c) for s in range(pb.num_stages) for c in range(pb.num_chunks)
         }
@@ -71,9 +72,10 @@ def tick_times(
             elif op == "RELOAD":
                 t = ends[("OFFLOAD", s, c, j)]
             if op in ("OFFLOAD", "RELOAD"):
-                t = max(t, chan_free.get(chan[s], 0))
+                lane = lanes[s][op == "RELOAD"]
+                t = max(t, lane_free.get(lane, 0))
                 e = t + tm.duration(op, s, c)
-                chan_free[chan[s]] = e
+                lane_free[lane] = e
             else:
                 t = max(t, dev[s])
                 e = t + tm.duration(op, s, c)

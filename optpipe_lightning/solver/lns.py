@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from ..schedule.lanes import lane_of, stage_lanes
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import SimResult, simulate
@@ -79,14 +80,6 @@ class _Op:
     zone: str = "dropped"  # prefix | window | follow | dropped
 
 
-def lane_of(problem: Problem, stage: int, op: str) -> tuple[int, str]:
-    """The copy lane a transfer uses: its channel, and its direction where the channel is full
-    duplex (``offload.duplex``), else one lane for both."""
-    chan = problem.channel_of()[stage]
-    duplex = bool(getattr(problem.offload, "duplex", False))
-    return (chan, op if duplex else "both")
-
-
 class _Window:
     """The CP-SAT model of one window of a timeline (module doc)."""
 
@@ -113,7 +106,7 @@ class _Window:
 
         # releases: a device (a copy lane) is free once its fixed ops are done
         rel_dev = [0] * p
-        rel_lane: dict[tuple[int, str], int] = {}
+        rel_lane: dict[int, int] = {}
         for o in ops.values():
             if o.zone != "prefix":
                 continue
@@ -145,7 +138,7 @@ class _Window:
         self.start: dict[Key, cp_model.IntVar] = {}
         self.dur: dict[Key, int] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
-        lane_iv: dict[tuple[int, str], list[cp_model.IntervalVar]] = {}
+        lane_iv: dict[int, list[cp_model.IntervalVar]] = {}
 
         def add_op(key: Key, active: cp_model.IntVar | None) -> None:
             op, s, c, _j = key
@@ -235,9 +228,8 @@ class _Window:
             md.add_no_overlap(ivs)
         for ivs in lane_iv.values():
             md.add_no_overlap(ivs)
-        chans = [lane_of(pb, s, op) for s in range(p) for op in ("OFFLOAD", "RELOAD")]
         release = [
-            min([rel_dev[s]] + [rel_lane.get(ln, 0) for ln in chans if ln[0] == pb.channel_of()[s]])
+            min([rel_dev[s]] + [rel_lane.get(ln, 0) for ln in set(stage_lanes(pb)[s])])
             for s in range(p)
         ]
         self._add_memory(limits, ops, t_up, release, active)

@@ -3,7 +3,8 @@
 Same decisions and semantics as the CP-SAT model, in big-M form over integer tick start times:
 ordering binaries for op pairs of one device not ordered by the dependency DAG (with microbatch
 order as symmetry breaking, and pairs the transitive closure orders dropped), offload binaries,
-ordering binaries for transfers of one copy channel, and the memory level checked at every
+ordering binaries for transfers of one copy lane (``schedule.lanes``: with duplex a channel's
+offloads and its reloads on separate lanes), and the memory level checked at every
 allocation event (F end, RELOAD start): each other event of that device has a binary saying
 whether it happened by then (an allocation must count when it did, a free may count only when
 it did; same-instant events net out, as in the simulator). Starts are integers, so the big-M
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
 from .ticks import OpKey, TickModel
 
@@ -159,8 +161,8 @@ def build_milp(
                 S[(op, s, c, j)] = lm.var(0, max(0, H - d), True)
                 D[(op, s, c, j)] = d
     events: list[list[_Event]] = [[] for _ in range(p)]
-    transfers: dict[int, list[tuple[OpKey, int]]] = {}
-    chan = pb.channel_of()
+    transfers: dict[int, list[tuple[OpKey, int]]] = {}  # per copy lane
+    lanes = stage_lanes(pb)
     for g in range(G):
         s, c = table[g]
         for j in range(m):
@@ -195,7 +197,8 @@ def build_milp(
                 lm.row({S[kO]: 1.0, S[F]: -1.0, o: -big}, D[F] - big, float("inf"))
                 lm.row({S[kR]: 1.0, S[kO]: -1.0, o: -big}, D[kO] - big, float("inf"))
                 lm.row({S[B]: 1.0, S[kR]: -1.0, o: -big}, D[kR] - big, float("inf"))
-                transfers.setdefault(chan[s], []).extend([(kO, o), (kR, o)])
+                transfers.setdefault(lanes[s][0], []).append((kO, o))
+                transfers.setdefault(lanes[s][1], []).append((kR, o))
                 deps[kO] = [(F, 0)]
                 deps[kR] = [(kO, 0)]
                 deps[B].append((kR, 0))
@@ -231,7 +234,7 @@ def build_milp(
                 lm.row({S[b]: 1.0, S[a]: -1.0, y: -big}, D[a] - big, float("inf"))
                 lm.row({S[a]: 1.0, S[b]: -1.0, y: big}, D[b], float("inf"))
                 lm.aux[y] = ("order", S[a], S[b], -1, -1)
-    # copy-channel disjunctions (both transfers active)
+    # copy-lane disjunctions (both transfers active)
     for lst in transfers.values():
         for i, (ta, oa) in enumerate(lst):
             for tb, ob_ in lst[i + 1 :]:

@@ -8,7 +8,8 @@ start of every op of K consecutive microbatches (``k = 0..K-1``), the offload de
 their activations, and a period T; microbatch ``j = q K + k`` runs pattern ``k`` shifted by ``q T``.
 
 Model (integer ticks, the semantics of ``cpsat``): the pattern's precedences, durations, copies
-and FIFO order per op kind and group (including from ``K - 1`` to the next period's ``0``). Every
+(one no-overlap per copy lane: with duplex a channel's offloads and reloads on a lane each) and
+FIFO order per op kind and group (including from ``K - 1`` to the next period's ``0``). Every
 op of one pattern instance runs within ``[0, Q T]``, so instances more than ``Q`` periods apart
 never meet; the model therefore lays out ``Q`` consecutive instances (``Q K`` microbatches, their
 times tied to the pattern's by ``+ q T``) and puts all of them in the device no-overlaps, the
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from ..schedule.bounds import least_time_for_memory
+from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
 from .cpsat import add_resources, memory_scale, solve_stoppable
 from .heuristics import slow_copies
@@ -147,8 +149,9 @@ def period_lower_bound(problem: Problem, tm: TickModel, size: int) -> int:
     of the steady state: each activation is resident from its F end to its B end, at least the
     chain above it, or for an offloaded one at least its copies and its B; its W-part until its W
     ends; and while an F runs the level stays ``act`` below the limit (argument 4 of
-    ``schedule.bounds``, per period: the copies of one period fit in T on its channel, at most
-    K per chunk).
+    ``schedule.bounds``, per period: the copies of one period fit in T on its channel's lanes,
+    each offloaded activation counting its offload plus its reload on one lane, the longer of
+    the two with duplex lanes; at most K per chunk).
     """
     pb = problem
     table = pb.group_table
@@ -169,6 +172,7 @@ def period_lower_bound(problem: Problem, tm: TickModel, size: int) -> int:
         fwd_rest[g] = fwd_rest[g + 1] + lag(g, g + 1) + tm.t_f[s1][c1]
         down[g] = down[g + 1] + tm.t_b[s1][c1] + lag(g + 1, g)
     best = size * work_ticks(pb, tm)
+    duplex = is_duplex(pb)
     for s in range(pb.num_stages):
         lim = limits[s]
         if lim is None:
@@ -183,9 +187,10 @@ def period_lower_bound(problem: Problem, tm: TickModel, size: int) -> int:
             full += size * (act * resident + max(wpart, 0.0) * tm.t_w[s][c] + act * tm.t_f[s][c])
             if pb.offload is not None and ob[s, c] > 0:
                 trip = tm.t_off[s][c] + tm.t_rel[s][c]
+                lane = max(tm.t_off[s][c], tm.t_rel[s][c]) if duplex else trip
                 saving = float(ob[s, c]) * (resident - (trip + tm.t_b[s][c]) + f_longest)
                 if saving > 0:
-                    options.append((saving, float(trip), size))
+                    options.append((saving, float(lane), size))
         room = lim * (1 + 1e-9)
         t = max(best, math.ceil(least_time_for_memory(full, room, options) - 1e-6))
         if options and len(options) <= 3:
@@ -282,8 +287,8 @@ class _PatternModel:
         self.ends = [md.new_int_var(0, span, f"end{k}") for k in range(K)]
         use_off = pb.offload is not None
         dev: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
-        chan = pb.channel_of()
-        chans: dict[int, list[cp_model.IntervalVar]] = {}
+        lanes = stage_lanes(pb)
+        lane_ivs: dict[int, list[cp_model.IntervalVar]] = {}
         r_t: list[list[cp_model.LinearExprT]] = [[] for _ in range(p)]
         r_d: list[list[int]] = [[] for _ in range(p)]
         r_a: list[list[cp_model.LiteralT]] = [[] for _ in range(p)]
@@ -336,14 +341,17 @@ class _PatternModel:
                 if movable:
                     o = self.off[(g, j % K)]
                     so, sr = at("OFFLOAD", g, j), at("RELOAD", g, j)
-                    ivs = chans.setdefault(chan[s], [])
-                    ivs.append(md.new_optional_fixed_size_interval_var(so, d_off, o, ""))
-                    ivs.append(md.new_optional_fixed_size_interval_var(sr, d_rel, o, ""))
+                    lane_ivs.setdefault(lanes[s][0], []).append(
+                        md.new_optional_fixed_size_interval_var(so, d_off, o, "")
+                    )
+                    lane_ivs.setdefault(lanes[s][1], []).append(
+                        md.new_optional_fixed_size_interval_var(sr, d_rel, o, "")
+                    )
                     moved = round(float(ob[s, c]) * sc)
                     r_t[s] += [so + d_off, sr]
                     r_d[s] += [-moved, moved]
                     r_a[s] += [o, o]
-        add_resources(md, dev, chans, limits, sc, r_t, r_d, r_a)
+        add_resources(md, dev, lane_ivs, limits, sc, r_t, r_d, r_a)
         self.makespan = md.new_int_var(0, cutoff, "makespan")
         for k in range(K):
             md.add(self.makespan >= ((m - 1 - k) // K) * T + self.ends[k])

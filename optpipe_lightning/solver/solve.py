@@ -2,11 +2,8 @@
 
 Pipeline: check the memory limit (clear error below what any schedule can fit); run the
 offload-aware list schedulers, a local search over their parameters from the best ones
-(``rule_search``), the offload repair, the user's hint and the baselines; with a memory limit,
-raise the bound by each device's exact relaxation (its least whole walk) where its state graph is
-small (``steady_bound``, at most ``STEADY_SHARE`` of the limit, ``STEADY_SHARE_WIDE`` where
-copies are slow and the gap wide); where copies are as slow
-as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
+(``rule_search``), the offload repair, the user's hint and the baselines; where copies are as
+slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
 most ``FUSING_SHARE`` of the limit); where CP-SAT's exact model is too large, the
@@ -77,7 +74,6 @@ from .offload_repair import applicable as repair_applies
 from .offload_repair import repaired_schedules
 from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
 from .rule_search import search_rules
-from .steady_bound import steady_state_bound
 from .ticks import fusable, tick_model
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
@@ -93,15 +89,6 @@ PERIODIC_SHARE = 0.75
 # at most this share of the time limit goes to fusing B, W pairs of the best schedule before the
 # backend (``fusing``: one simulation per stage)
 FUSING_SHARE = 0.05
-# arguments 8 and 9 of the bound (``steady_bound``: one device's exact relaxation, where its state
-# graph is small) get at most this share of the time limit, after the baselines; where copies are
-# slow (``periodic.applies``) and the best schedule is more than STEADY_WIDE_GAP over the bound,
-# STEADY_SHARE_WIDE. At 60 s: 4x8x2 at 0.25p, copies 2x is proven optimal at 50.5 (device 3's
-# walk, 6 s; the cheap bound is 38), 8x32x1 at 0.25p, copies 2x gets 255 (device 0, 6 s; the
-# cheap bound is 235)
-STEADY_SHARE = 0.05
-STEADY_SHARE_WIDE = 0.3
-STEADY_WIDE_GAP = 0.05
 # with several chunkings (``layers_per_stage``), every chunking's list rules and baselines run
 # first, in equal slots of this share of the limit (the list rules in the first
 # SCREEN_RULES_SHARE of each slot); the whole search then runs on the best chunking
@@ -583,22 +570,6 @@ def _pipeline(
                 unfinished=unfinished,
             ):
                 best.offer(sched, f"baseline:{name}")
-
-    if (
-        best.schedule is not None
-        and not stopped()
-        and gap_open()
-        and any(lim is not None for lim in problem.memory_limits())
-    ):
-        with budget.phase("steady-state bound"):
-            # where copies are slow, CP-SAT seldom improves the schedule in the time and whole
-            # activations decide the gap: the bound gets more of the time there
-            wide = periodic.applies(problem) and best.makespan > best.bound * (1 + STEADY_WIDE_GAP)
-            share = STEADY_SHARE_WIDE if wide else STEADY_SHARE
-            until = min(budget.end, time.perf_counter() + share * budget.limit)
-            best.raise_bound(
-                steady_state_bound(problem, horizon=best.makespan, deadline=until, stop=stop)
-            )
 
     if (
         args.backend != "heuristic"

@@ -88,7 +88,8 @@ def _assert_cpsat_proves(pb: Problem, brute: float) -> None:
 # (stages, microbatches, t_w, memory limit, offload, fused exhaustive search, copy bandwidth)
 # fused search with t_w = 0 is exact: a zero-length W is best right after its B. Bandwidth 4
 # makes a copy half an F; bandwidth 1 makes it two Fs, so the best schedules let an F wait for
-# an offload to free memory (the simulator's memory wait).
+# an offload to free memory (the simulator's memory wait). Copies on one lane for both
+# directions (``duplex: false``); DUPLEX_CASES below have a lane each way.
 CASES = [
     pytest.param(2, 2, 1.0, None, False, False, 4.0, id="2x2-unlimited"),
     pytest.param(2, 2, 1.0, 2.0, False, False, 4.0, id="2x2-mem1-no-offload"),
@@ -110,25 +111,76 @@ CASES = [
 def test_optimum_equals_exhaustive_search(
     p: int, m: int, t_w: float, limit: float | None, offload: bool, fused: bool, bandwidth: float
 ) -> None:
-    pb = brute_problem(p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth)
+    pb = brute_problem(
+        p, m, t_w=t_w, limit=limit, offload=offload, bandwidth=bandwidth, duplex=False
+    )
     brute = exhaustive_optimum(pb, fused)
     assert lower_bound(pb) <= brute + 1e-9  # the cheap bound is valid (fused search: t_w = 0)
     _assert_cpsat_proves(pb, brute)
 
 
+# (memory limit, copy bandwidth, every stage on one channel): 2 stages, 2 microbatches, fused
+# backward, W = 0, offloads and reloads on a lane each way (the default)
+DUPLEX_CASES = [
+    pytest.param(2.0, 4.0, False, id="2x2-mem1-offload-duplex"),
+    pytest.param(2.0, 1.0, False, id="2x2-mem1-slow-offload-duplex"),
+    pytest.param(2.0, 4.0, True, id="2x2-mem1-offload-shared-duplex", marks=pytest.mark.slow),
+    pytest.param(3.0, 1.0, True, id="2x2-mem1.5-slow-shared-duplex", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("limit,bandwidth,shared", DUPLEX_CASES)
+def test_optimum_equals_exhaustive_search_with_duplex_lanes(
+    limit: float, bandwidth: float, shared: bool
+) -> None:
+    pb = brute_problem(2, 2, t_w=0.0, limit=limit, offload=True, bandwidth=bandwidth, shared=shared)
+    assert pb.offload is not None and pb.offload.duplex
+    brute = exhaustive_optimum(pb, True)
+    assert lower_bound(pb) <= brute + 1e-9
+    _assert_cpsat_proves(pb, brute)
+
+
 def test_offload_beats_no_offload_on_the_tiny_case() -> None:
     """The offload case above is a real one: offload lowers the optimum (10 s against 14 s)."""
-    with_off = exhaustive_optimum(brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True), True)
+    with_off = exhaustive_optimum(
+        brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, duplex=False), True
+    )
     without = exhaustive_optimum(brute_problem(2, 2, t_w=0.0, limit=2.0, offload=False), True)
     assert with_off == pytest.approx(10.0)
     assert without == pytest.approx(14.0)
 
 
+def test_a_reload_waits_for_the_offload_that_frees_its_room_with_duplex_lanes() -> None:
+    """On one lane the 10 s optimum queues stage 0's first reload behind its second offload,
+    which frees the room the reload needs. With a lane each way nothing queues it there: the
+    reload waits for that offload by the memory wait (docs/formats.md) and the same list takes
+    10 s; without that wait it would break the limit, and the best list would take 10.5 s
+    (backwards out of microbatch order, which CP-SAT's symmetry breaking leaves out)."""
+    half = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, duplex=False)
+    duplex = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True)
+    assert exhaustive_optimum(half, True) == pytest.approx(10.0)
+    assert exhaustive_optimum(duplex, True) == pytest.approx(10.0)
+    rows = [
+        [Action(x, j) for x, j in (("F", 0), ("OFFLOAD", 0), ("F", 1), ("OFFLOAD", 1))]
+        + [Action(x, j) for x, j in (("RELOAD", 0), ("BW", 0), ("RELOAD", 1), ("BW", 1))],
+        [Action("F", 0), Action("BW", 0), Action("F", 1), Action("BW", 1)],
+    ]
+    for pb in (half, duplex):
+        res = simulate(pb, rows)
+        assert res.feasible and res.makespan == pytest.approx(10.0)
+        assert res.timeline is not None
+        i = rows[0].index(Action("RELOAD", 0))
+        assert float(res.timeline.start[0][i]) == pytest.approx(2.5)  # offload 1's end
+    # duplex: the reload's wait is named for the executor (reload 0 at 4 waits for offload 1 at 3)
+    assert simulate(duplex, rows).timeline.reload_waits == [[(4, 3)], []]  # type: ignore[union-attr]
+
+
 def test_slow_offload_pays_only_with_the_memory_wait() -> None:
     """Copies twice as slow as an F: the best schedule has an F wait for an offload (13 s; 14 s
-    without offload, which is also the best when no F may wait)."""
-    pb = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0)
-    assert exhaustive_optimum(pb, True) == pytest.approx(13.0)
+    without offload, which is also the best when no F may wait), on one lane or two."""
+    for duplex in (False, True):
+        pb = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0, duplex=duplex)
+        assert exhaustive_optimum(pb, True) == pytest.approx(13.0)
 
 
 # (memory limit, fused backward seconds): B = 2, W = 1, so BW 2.5 saves half a second

@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, one_lane
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver import cpsat, solve
@@ -58,10 +58,11 @@ def test_fixed_offload_decisions_find_the_optimum_the_whole_model_misses() -> No
 
 
 def test_the_fixed_search_proves_nothing_about_the_problem(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 4x8x1, half the memory, copies 1x: the best list schedule (41) offloads nothing, and with
-    # no offload 41 is optimal (the fixed search proves it); the problem's optimum is 39, with
-    # offloads. Stopped right after the fixed search, nothing it proved may reach the caller.
-    pb = bench_problem(4, 8, 1, 0.5, 1.0)
+    # 4x8x1, half the memory, copies 1x on one lane: the best list schedule (41) offloads
+    # nothing, and with no offload 41 is optimal (the fixed search proves it); the problem's
+    # optimum is 39, with offloads. Stopped right after the fixed search, nothing it proved may
+    # reach the caller.
+    pb = one_lane(bench_problem(4, 8, 1, 0.5, 1.0))
     stop = threading.Event()
     real = cpsat._search
 

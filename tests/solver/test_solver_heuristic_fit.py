@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, one_lane
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver.heuristics import (
@@ -66,7 +66,7 @@ def test_fitted_depths_fit_the_limit_and_keep_the_1f1b_shape() -> None:
 def test_fitted_rules_beat_the_old_rules_where_copies_are_slow(
     p: int, m: int, mem: float, old_best: float, fitted_at_most: float
 ) -> None:
-    pb = _vshape(p, m, mem, 2.0)
+    pb = one_lane(_vshape(p, m, mem, 2.0))  # measured with one lane for both directions
     # the rules that predate the fitted ones (the round-trip rules came later)
     old = [r for r in default_rules(pb) if not r.fit and r.trip_room == 0]
     olds = [x for x in (_makespan(pb, r) for r in old) if x is not None]

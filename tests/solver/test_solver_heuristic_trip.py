@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, one_lane
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver.heuristics import ListRule, default_rules, run_rule
@@ -38,7 +38,7 @@ def test_the_last_stages_keep_their_activations_where_the_copies_outlast_the_rou
 
 
 def test_round_trip_rules_beat_every_rule_that_offloads_wherever_it_can() -> None:
-    pb = bench_problem(4, 8, 1, 0.5, 0.5)
+    pb = one_lane(bench_problem(4, 8, 1, 0.5, 0.5))  # as measured: one lane, both directions
     rules = default_rules(pb)
     trip = [r for r in rules if r.trip_room > 0]
     others = [r for r in rules if r.trip_room == 0]

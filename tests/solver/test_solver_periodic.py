@@ -7,9 +7,10 @@ import time
 from collections import defaultdict
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, one_lane
 
 from optpipe_lightning.schedule import Problem
+from optpipe_lightning.schedule.lanes import lane_of
 from optpipe_lightning.solver import periodic, solve
 from optpipe_lightning.solver.heuristics import heuristic_schedules
 from optpipe_lightning.solver.solve import schedule_from_ticks
@@ -24,9 +25,14 @@ def _list_best(pb: Problem) -> float:
     )
 
 
+# 6 stages x 18 microbatches, half of 1F1B's memory, copies 1x, on one lane for both directions:
+# the instance the numbers below were measured on
+SLOW6 = one_lane(bench_problem(6, 18, 1, 0.5, 1.0))
+
+
 def _check_timed(pb: Problem, tm: TickModel, starts: dict[OpKey, int], ends: dict[OpKey, int]):
     """Every rule of the problem, on the planned times themselves (not the simulator's re-timing):
-    chains and hops, one op at a time per device and per copy channel, memory within the limit."""
+    chains and hops, one op at a time per device and per copy lane, memory within the limit."""
     table = pb.group_table
     G = len(table)
     for j in range(pb.num_microbatches):
@@ -47,10 +53,9 @@ def _check_timed(pb: Problem, tm: TickModel, starts: dict[OpKey, int], ends: dic
             if o in starts:
                 assert starts[o] >= ends[f] and starts[r] >= ends[o] and starts[b] >= ends[r]
     busy: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
-    chan = pb.channel_of()
     for key, st in starts.items():
         op, s, _c, _j = key
-        where = ("chan", chan[s]) if op in ("OFFLOAD", "RELOAD") else ("dev", s)
+        where = ("lane", lane_of(pb, s, op)) if op in ("OFFLOAD", "RELOAD") else ("dev", s)
         busy[where].append((st, ends[key]))
     for spans in busy.values():
         spans.sort()
@@ -92,7 +97,7 @@ def test_a_pattern_beats_every_list_rule_where_copies_are_as_slow_as_the_compute
     # 6 stages x 18 microbatches, half of 1F1B's activation memory, a copy as long as a
     # microbatch's F + B + W: the list rules move in waves (85 at best); two microbatches every
     # 9 ticks, one of them offloaded on the low stages, give 79-80
-    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    pb = SLOW6
     assert _list_best(pb) == pytest.approx(85.0)
     tm = tick_model(pb, 85.0)
     pat = periodic.solve_pattern(pb, tm, 2, 4, cutoff=84, time_limit=30.0, workers=1)
@@ -108,37 +113,42 @@ def test_a_pattern_beats_every_list_rule_where_copies_are_as_slow_as_the_compute
     assert sched.evaluation.makespan <= pat.makespan * tm.tick
 
 
+def _uneven(duplex: bool) -> Problem:
+    """3 stages with p2p lags and uneven costs; stages 0 and 1 share one copy channel."""
+    return Problem(
+        num_stages=3,
+        num_microbatches=12,
+        t_f=[1.0, 2.0, 1.0],
+        t_b=[2.0, 3.0, 2.0],
+        t_w=[1.0, 1.0, 2.0],
+        t_comm=0.5,
+        m_f=2.0,
+        m_b=-1.0,
+        m_w=-1.0,
+        memory_limit=[4.0, 4.0, 100.0],
+        offload={
+            "bytes": 2.0,
+            "d2h_bandwidth": 0.5,
+            "h2d_bandwidth": 0.5,
+            "channel_groups": [[0, 1]],
+            "duplex": duplex,
+        },
+    )
+
+
 @pytest.mark.parametrize(
     ("pb", "size", "window"),
     [
         # the narrowest window: instances meet only their neighbours
         (bench_problem(4, 12, 1, 0.5, 2.0), 1, 2),
         (bench_problem(4, 12, 1, 0.5, 2.0), 3, 2),
+        (one_lane(bench_problem(4, 12, 1, 0.5, 2.0)), 3, 2),
         # two chunks per stage (V-shape), several of them on one device's channel
         (bench_problem(4, 12, 2, 0.5, 2.0), 2, 3),
+        (one_lane(bench_problem(4, 12, 2, 0.5, 2.0)), 2, 3),
         # p2p lags, uneven stages and one copy channel shared by stages 0 and 1
-        (
-            Problem(
-                num_stages=3,
-                num_microbatches=12,
-                t_f=[1.0, 2.0, 1.0],
-                t_b=[2.0, 3.0, 2.0],
-                t_w=[1.0, 1.0, 2.0],
-                t_comm=0.5,
-                m_f=2.0,
-                m_b=-1.0,
-                m_w=-1.0,
-                memory_limit=[4.0, 4.0, 100.0],
-                offload={
-                    "bytes": 2.0,
-                    "d2h_bandwidth": 0.5,
-                    "h2d_bandwidth": 0.5,
-                    "channel_groups": [[0, 1]],
-                },
-            ),
-            2,
-            2,
-        ),
+        (_uneven(True), 2, 2),
+        (_uneven(False), 2, 2),
     ],
 )
 def test_unrolled_patterns_keep_every_rule(pb: Problem, size: int, window: int) -> None:
@@ -169,7 +179,7 @@ def test_a_repeated_pattern_is_the_same_schedule() -> None:
 
 
 def test_search_yields_better_patterns_and_keeps_its_deadline() -> None:
-    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    pb = SLOW6
     tm = tick_model(pb, 85.0)
     t0 = time.perf_counter()
     found = list(
@@ -197,7 +207,7 @@ def test_search_ends_when_the_first_sizes_come_nowhere_near(
 ) -> None:
     # no pattern of K = 1, 2, 4 comes within 1% of the incumbent: the larger sizes are not tried
     # (their time goes to the full model); one that does keeps the search going
-    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    pb = SLOW6
     tm = tick_model(pb, 85.0)
     tried: list[int] = []
     real = periodic.solve_pattern
@@ -230,13 +240,13 @@ def test_search_ends_when_the_first_sizes_come_nowhere_near(
 
 
 def test_solve_runs_the_periodic_search_where_copies_are_slow() -> None:
-    pb = bench_problem(6, 18, 1, 0.5, 1.0)
+    pb = SLOW6
     res = solve(pb, time_limit=8.0, workers=1)
     assert res.makespan < 85
     assert "periodic" in res.schedule.params["phase_seconds"]
     assert any(i.source.startswith("periodic:K=") for i in res.incumbents)
     assert res.solve_seconds < 9.5
-    fast = solve(bench_problem(6, 18, 1, 0.5, 0.5), time_limit=2.0, workers=1)
+    fast = solve(one_lane(bench_problem(6, 18, 1, 0.5, 0.5)), time_limit=2.0, workers=1)
     assert "periodic" not in fast.schedule.params["phase_seconds"]
 
 
@@ -245,18 +255,24 @@ def test_period_lower_bound_by_hand_and_below_every_pattern_found(
 ) -> None:
     # 16x64x1 at a quarter of the memory (4 activations), copies 2x (6 ticks each way): stage 0
     # holds an activation 31 ticks from its F's end to its B's end, 1 more during the F and half
-    # of one during W: 32.5 per microbatch. One microbatch per period: 32.5 / 4 -> 9 (no copy
-    # fits in a period under 12). Two: 65 / 4 > 12 without offload, and at 12 one offload
-    # (channel 12) saves 31 - 13 + 1 = 19: 46 <= 48 -> 12
+    # of one during W: 32.5 per microbatch; an offloaded one saves 31 - (12 + 1) + 1 = 19.
+    # One lane (an offload keeps it 12 ticks): one microbatch per period, 32.5 / 4 -> 9 (no
+    # copy fits in a period under 12); two, 65 / 4 > 12 without offload, and at 12 one offload
+    # gives 46 <= 48 -> 12. Duplex lanes (6 ticks on each): one per period, at 6 one offload
+    # gives 13.5 <= 24 (at 5 none fits: 32.5 > 20) -> 6; two, at 11 one offload gives 46 > 44,
+    # at 12 two fit -> 12
     pb = bench_problem(16, 64, 1, 0.25, 2.0)
     tm = tick_model(pb, 1000.0)
-    assert periodic.period_lower_bound(pb, tm, 1) == 9
+    assert periodic.period_lower_bound(pb, tm, 1) == 6
     assert periodic.period_lower_bound(pb, tm, 2) == 12
+    half = one_lane(pb)
+    assert periodic.period_lower_bound(half, tm, 1) == 9
+    assert periodic.period_lower_bound(half, tm, 2) == 12
     # the least periods the model finds without the bound (which also bounds the model's T):
     # any pattern found, optimal or not, has a period at least the bound
     bound = periodic.period_lower_bound
     monkeypatch.setattr(periodic, "period_lower_bound", lambda *_a: 1)
-    small = bench_problem(6, 18, 1, 0.5, 1.0)
+    small = SLOW6
     tm = tick_model(small, 85.0)
     for size in (1, 2, 3):
         least = periodic.solve_pattern(

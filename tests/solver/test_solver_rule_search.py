@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from bench_problems import bench_problem
+from bench_problems import bench_problem, one_lane
 
 import optpipe_lightning.solver.rule_search as rs
 from optpipe_lightning.schedule import Problem, Schedule, evaluate
@@ -78,7 +78,7 @@ def _portfolio(pb: Problem) -> list[tuple[float, ListRule]]:
 
 
 def test_search_improves_on_the_portfolio_with_checked_schedules() -> None:
-    pb = _pb(8, 32, 2, 0.25, 0.5)
+    pb = one_lane(_pb(8, 32, 2, 0.25, 0.5))  # as measured: one lane, both directions
     starts = _portfolio(pb)
     first = min(m for m, _ in starts)
     assert first == pytest.approx(114.5)
