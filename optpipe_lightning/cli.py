@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .command_errors import OneLineErrors
+from .command_errors import fail as _fail
 from .errors import UserError, load_model
 from .schedule import Problem, Schedule, simulate
 from .schedule.bounds import lower_bound
@@ -28,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=OneLineErrors,
 )
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
@@ -55,11 +58,6 @@ def user_errors() -> Iterator[None]:
 _PART_USER_ERRORS = frozenset(
     {"NotApplicable", "InfeasibleMemoryLimit", "DatabaseError", "TraceError"}
 )
-
-
-def _fail(message: str) -> None:
-    err.print(f"optpipe: error: {message}", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _load_problem(path: Path) -> Problem:
