@@ -17,12 +17,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .arguments import check_out_path, check_solver_options, write_output
 from .command_errors import OneLineErrors
 from .command_errors import fail as _fail
 from .errors import UserError, load_model
 from .schedule import Problem, Schedule, simulate
 from .schedule.bounds import lower_bound
 from .schedule.simulator import ScheduleMismatchError
+from .size_guard import (
+    MAX_PROBLEM_BYTES,
+    MAX_TRACE_SCHEDULE_BYTES,
+    CompareBudget,
+    check_size,
+    check_time_limit,
+    check_trace_size,
+    max_schedule_bytes,
+)
 
 app = typer.Typer(
     name="optpipe",
@@ -36,6 +46,7 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 T = TypeVar("T")
+SHOWN_VIOLATIONS = 20
 
 
 @contextmanager
@@ -61,11 +72,13 @@ _PART_USER_ERRORS = frozenset(
 
 
 def _load_problem(path: Path) -> Problem:
-    return load_model(path, Problem, "problem")
+    return load_model(path, Problem, "problem", MAX_PROBLEM_BYTES)
 
 
-def _load_schedule(path: Path) -> Schedule:
-    return load_model(path, Schedule, "schedule")
+def _load_schedule(path: Path, max_bytes: int | None = None) -> Schedule:
+    """A schedule file; ``max_bytes`` (``size_guard.max_schedule_bytes``) refuses one larger
+    than any schedule of its problem before it is parsed."""
+    return load_model(path, Schedule, "schedule", max_bytes)
 
 
 # ---- formatting ------------------------------------------------------------------------------
@@ -187,23 +200,44 @@ def compare(
     """Every applicable baseline and the solver on one problem, side by side."""
     with user_errors():
         problem = _load_problem(problem_path)
+        budget = CompareBudget(problem, time_limit, solving=not no_solve)
+        if not no_solve:
+            check_solver_options(solver, seed)
         from .schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+        from .schedule.baselines._deadline import DeadlineExceeded, deadline_at
 
         bound = lower_bound(problem)
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
+        fastest: Schedule | None = None  # the solver's hint: never slower than a row beside it
         for name in BASELINE_NAMES:
             try:
-                sched = generate(name, problem)
+                with deadline_at(budget.baselines_until):
+                    sched = generate(name, problem)
             except NotApplicable as e:
                 skipped[name] = str(e)
+                continue
+            except DeadlineExceeded:
+                skipped[name] = budget.stopped
                 continue
             except (ImportError, AttributeError):
                 skipped[name] = "not available in this build"
                 continue
             rows.append(_row(name, sched, bound))
+            ev = sched.evaluation
+            if ev is not None and ev.feasible and ev.makespan is not None:
+                best = fastest.evaluation.makespan if fastest and fastest.evaluation else None
+                fastest = sched if best is None or ev.makespan < best else fastest
         if not no_solve:
-            result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=None)
+            result = _run_solver(
+                problem,
+                solver,
+                budget.solver_seconds(),
+                seed,
+                quiet=as_json,
+                db_url=None,
+                hint=fastest,
+            )
             rows.append(_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds))
         if as_json:
             doc = {
@@ -225,9 +259,8 @@ def _run_solver(
     quiet: bool,
     db_url: str | None,
     gap: float = 0.0,
+    hint: Schedule | None = None,
 ) -> Any:
-    if time_limit <= 0:
-        raise UserError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
     from .solver import solve
 
     callbacks: list[Callable[[Any], None]] = []
@@ -256,17 +289,28 @@ def _run_solver(
         from .solver.progress import RichSolveProgress
 
         progress = RichSolveProgress(problem, time_limit)
-    with progress as display:
-        if display is not None:
-            callbacks.append(display)
-        result = solve(
-            problem,
-            backend=backend,
-            time_limit=time_limit,
-            seed=seed,
-            gap_target=gap,
-            on_incumbent=on_incumbent,
-        )
+    try:
+        with progress as display:
+            if display is not None:
+                callbacks.append(display)
+            result = solve(
+                problem,
+                backend=backend,
+                time_limit=time_limit,
+                seed=seed,
+                gap_target=gap,
+                on_incumbent=on_incumbent,
+                hint=hint,
+            )
+    except BaseException as e:  # the run ends here: never leave it "running"
+        if db is not None and recorder is not None and run_id is not None:
+            _end_run(
+                db,
+                recorder,
+                run_id,
+                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+            )
+        raise
     if result.message and not quiet:
         err.print(f"optpipe: note: {result.message}", markup=False)
     if db is not None and recorder is not None and run_id is not None:
@@ -284,6 +328,20 @@ def _run_solver(
                 schedule_id=sid,
             )
     return result
+
+
+def _end_run(db: Any, recorder: Any, run_id: int, status: str) -> None:
+    """Close a run the solve could not finish (best effort: the solve's error is what counts)."""
+    from .profiles_db import repository as repo
+
+    recorder.close()
+    try:
+        with db.session() as s:
+            repo.finish_solver_run(
+                s, run_id, status=status, makespan=None, lower_bound=None, schedule_id=None
+            )
+    except Exception as e:
+        err.print(f"optpipe: note: could not mark solver run {run_id} {status}: {e}", markup=False)
 
 
 @app.command()
@@ -305,11 +363,13 @@ def solve(
     """The fastest schedule that fits the memory limit, with offload decisions and a bound."""
     with user_errors():
         problem = _load_problem(problem_path)
-        if out_path is not None and out_path.is_dir():
-            raise UserError(f"--out {out_path} is a directory; give a file name")
+        check_size(problem, "solve")
+        check_time_limit(problem, time_limit, "solve")
+        check_solver_options(solver, seed, gap)
+        check_out_path(out_path)
         result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=db, gap=gap)
         if out_path is not None:
-            out_path.write_text(result.schedule.to_json(indent=1))
+            write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
             "problem": problem.hash,
             "status": result.status,
@@ -338,20 +398,31 @@ def baseline(
     out_path: Annotated[
         Path | None, typer.Option("--out", help="write the schedule JSON here (default: stdout)")
     ] = None,
+    time_limit: Annotated[
+        float, typer.Option(help="give up after this many seconds (the slow generators)")
+    ] = 60.0,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
     with user_errors():
         problem = _load_problem(problem_path)
+        check_size(problem, "baseline")
+        check_out_path(out_path)
         from .schedule.baselines import BASELINE_NAMES, generate
+        from .schedule.baselines._deadline import DeadlineExceeded, deadline_at
 
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
-        sched = generate(name, problem)
+        budget = CompareBudget(problem, time_limit, solving=False)
+        try:
+            with deadline_at(budget.baselines_until):
+                sched = generate(name, problem)
+        except DeadlineExceeded:
+            raise UserError(f"{name}: {budget.stopped}") from None
         text = sched.to_json(indent=1)
         if out_path is None:
             sys.stdout.write(text + "\n")
         else:
-            out_path.write_text(text + "\n")
+            write_output(out_path, text + "\n")
             ev = sched.evaluation
             assert ev is not None
             err.print(
@@ -370,7 +441,8 @@ def simulate_cmd(
     """Evaluate a given schedule on a problem: timing, memory, and every violation."""
     with user_errors():
         problem = _load_problem(problem_path)
-        schedule = _load_schedule(schedule_path)
+        check_size(problem, "simulate")
+        schedule = _load_schedule(schedule_path, max_schedule_bytes(problem))
         if schedule.problem_hash != problem.hash:
             raise UserError(
                 f"{schedule_path} was made for problem {schedule.problem_hash}, but "
@@ -393,8 +465,11 @@ def simulate_cmd(
         else:
             sched = schedule.with_evaluation(ev)
             _print_table(problem, [_row(schedule.generator, sched, lower_bound(problem))], {})
-            for v in ev.violations:
+            for v in ev.violations[:SHOWN_VIOLATIONS]:
                 out.print(f"[red]{v.kind}[/]: {v.message}", markup=True, highlight=False)
+            if len(ev.violations) > SHOWN_VIOLATIONS:
+                more = len(ev.violations) - SHOWN_VIOLATIONS
+                out.print(f"... and {more} more violations (--json lists them all)")
         if not ev.feasible:
             raise typer.Exit(1)
 
@@ -412,9 +487,15 @@ def trace(
 ) -> None:
     """Write a Chrome trace (open it in https://ui.perfetto.dev) of a schedule's timeline."""
     with user_errors():
-        schedule = _load_schedule(schedule_path)
-        if problem_path is not None:
-            problem = _load_problem(problem_path)
+        given = None if problem_path is None else _load_problem(problem_path)
+        if given is not None:
+            check_trace_size(given)
+        schedule = _load_schedule(
+            schedule_path, MAX_TRACE_SCHEDULE_BYTES if given is None else max_schedule_bytes(given)
+        )
+        check_out_path(out_path)
+        if given is not None:
+            problem = given
         elif schedule.problem is not None:
             problem = schedule.problem
         else:
@@ -425,14 +506,19 @@ def trace(
             raise UserError(
                 f"{schedule_path} was made for problem {schedule.problem_hash}, not {problem.hash}"
             )
+        check_trace_size(problem)
         ev = simulate(problem, schedule).evaluation
         if ev.makespan is None:
             raise UserError(f"{schedule_path} cannot be timed: {ev.violations[0].message}")
         from .inspector.chrome_trace import chrome_trace
 
         doc = chrome_trace(problem, schedule)
-        out_path.write_text(json.dumps(doc))
-        out.print(f"wrote {out_path} ({len(doc['traceEvents'])} events); open it in Perfetto")
+        text = json.dumps(doc)
+        write_output(out_path, text)
+        out.print(
+            f"wrote {out_path} ({len(doc['traceEvents'])} events, {len(text) / 1e6:.1f} MB); "
+            "open it in Perfetto"
+        )
 
 
 @app.command()
