@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver import cpsat
 from optpipe_lightning.solver.ticks import tick_model
+
+# what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
 
 
 def _problem() -> Problem:
