@@ -194,7 +194,9 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON document")] = False,
     no_solve: Annotated[bool, typer.Option("--no-solve", help="baselines only")] = False,
     solver: Annotated[str, typer.Option(help="solver backend")] = "auto",
-    time_limit: Annotated[float, typer.Option(help="solver time limit, seconds")] = 10.0,
+    time_limit: Annotated[
+        float, typer.Option(help="seconds for the whole comparison (baselines, then the solver)")
+    ] = 10.0,
     seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
 ) -> None:
     """Every applicable baseline and the solver on one problem, side by side."""

@@ -268,6 +268,13 @@ def store_schedule(
                 f"problem {schedule.problem_hash} is not in the database: pass problem= "
                 "or store the problem first"
             )
+    actions = sum(len(row) for row in schedule.actions)
+    most = 5 * prob.num_stages * prob.num_microbatches * prob.num_chunks  # F B W OFFLOAD RELOAD
+    if actions > most:
+        raise ValueError(
+            f"schedule {schedule.generator!r} has {actions} actions; one for problem "
+            f"{prob.hash} has at most {most}"
+        )
     evaluation = evaluate(prob, schedule)  # a claimed evaluation is never trusted
     if schedule.evaluation is not None:
         wrong = evaluation_mismatch(schedule.evaluation, evaluation)
