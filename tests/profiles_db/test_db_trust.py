@@ -284,3 +284,18 @@ def test_export_then_import_still_round_trips(tmp_path: Path, sqlite_url: str) -
         assert isinstance(got, Schedule) and got.actions[0][0] == Action("F", 0)
         assert isinstance(repo.get_profile(s, prof.id), Profile)
     db.close()
+
+
+def test_a_solve_that_fails_never_leaves_its_run_running(tmp_path: Path, sqlite_url: str) -> None:
+    from optpipe_lightning.cli import app as optpipe
+
+    pb = make_problem(memory_limit=0.25)  # below one activation: nothing fits
+    path = tmp_path / "p.json"
+    path.write_text(pb.model_dump_json())
+    res = runner.invoke(optpipe, ["solve", str(path), "--db", sqlite_url, "--time-limit", "2"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    db = open_database(sqlite_url)
+    with db.session() as s:
+        runs = repo.list_solver_runs(s)
+    db.close()
+    assert [(r.status, r.finished_at is not None) for r in runs] == [("failed", True)]
