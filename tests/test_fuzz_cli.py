@@ -15,7 +15,7 @@ arguments through every command. What must hold, always:
 - a damaged schedule is never reported feasible (exit 1 or 2 from ``simulate``).
 
 The default part runs a few hundred cases (seeded, so a failure reproduces); the ``slow`` part
-adds the solver on every problem case and more seeds.
+adds ``solve`` and ``compare`` with the solver on every problem case, with another seed.
 """
 
 from __future__ import annotations
@@ -261,9 +261,9 @@ def _problem_commands(path: Path, out: Path, solve: bool) -> list[list[str]]:
         ["baseline", "1f1b", str(path), "--out", str(out)],
     ]
     if solve:
-        commands += [
-            ["solve", str(path), "--time-limit", "1", "--json", "--out", str(out)],
-            ["compare", str(path), "--time-limit", "2", "--json"],
+        commands += [  # the smallest limits these problems take: the work, not the wait
+            ["solve", str(path), "--time-limit", "0.3", "--json", "--out", str(out)],
+            ["compare", str(path), "--time-limit", "0.6", "--json"],
         ]
     return commands
 
@@ -380,7 +380,7 @@ def test_fuzzed_schedules_through_simulate_trace_and_import(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize("seed", [2])
 def test_fuzzed_problems_through_the_solver_too(seed: int, tmp_path: Path) -> None:
     assert _run_problem_cases(seed=seed, tmp_path=tmp_path, solve=True) >= 140
     assert _run_schedule_cases(seed=seed, tmp_path=tmp_path) >= 60

@@ -26,7 +26,7 @@ def test_callback_incumbents_carry_their_schedules() -> None:
     res = solve(
         pb,
         time_limit=UNBOUNDED_SECONDS,
-        deterministic_time=5.0,
+        deterministic_time=1.0,
         seed=0,
         workers=1,
         on_incumbent=seen.append,
@@ -49,6 +49,6 @@ def test_bound_stays_valid_when_the_fused_backward_is_cheaper() -> None:
     pb = Problem(num_stages=2, num_microbatches=4, t_f=1, t_b=1.5, t_w=0.5, t_bw=1.0)
     fused = generate("1f1b", pb).evaluation
     assert fused is not None and fused.makespan == pytest.approx(10.0)
-    res = solve(pb, time_limit=UNBOUNDED_SECONDS, deterministic_time=5.0, seed=0, workers=1)
+    res = solve(pb, time_limit=UNBOUNDED_SECONDS, deterministic_time=1.0, seed=0, workers=1)
     assert res.lower_bound <= fused.makespan + 1e-9
     assert res.makespan <= fused.makespan + 1e-9

@@ -55,7 +55,7 @@ def test_below_the_smallest_feasible_limit(
         _pb(v, smallest, offload, bytes_),
         time_limit=UNBOUNDED_SECONDS,
         workers=1,
-        deterministic_time=5.0,
+        deterministic_time=1.0,
     )
     ev = ok.schedule.evaluation
     assert ev is not None and ev.feasible

@@ -248,7 +248,7 @@ def test_search_ends_when_the_first_sizes_come_nowhere_near(
 
 
 @pytest.mark.usefixtures("deterministic_cpsat")
-@pytest.mark.cpsat_cap(2.0)  # each pattern and the backend: 2 of deterministic time
+@pytest.mark.cpsat_cap(1.0)  # each pattern and the backend: 1 of deterministic time
 def test_solve_runs_the_periodic_search_where_copies_are_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -256,7 +256,7 @@ def test_solve_runs_the_periodic_search_where_copies_are_slow(
     # not what this test is about
     monkeypatch.setattr(solve_module, "steady_state_bound", lambda *a, **k: 0.0)
     pb = bench_problem(6, 18, 1, 0.5, 1.0)
-    res = solve(pb, time_limit=UNBOUNDED_SECONDS, deterministic_time=2.0, workers=1)
+    res = solve(pb, time_limit=UNBOUNDED_SECONDS, deterministic_time=1.0, workers=1)
     assert res.makespan < 85
     assert "periodic" in res.schedule.params["phase_seconds"]
     assert any(i.source.startswith("periodic:K=") for i in res.incumbents)

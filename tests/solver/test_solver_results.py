@@ -106,7 +106,7 @@ def test_result_is_the_simulators_and_incumbents_improve() -> None:
     ],
 )
 def test_never_slower_than_any_feasible_baseline_or_heuristic(pb: Problem) -> None:
-    res = solve(pb, time_limit=UNBOUNDED_SECONDS, workers=1, seed=0, deterministic_time=5.0)
+    res = solve(pb, time_limit=UNBOUNDED_SECONDS, workers=1, seed=0, deterministic_time=1.0)
     others = [s for _, s in _baselines(pb)] + heuristic_schedules(pb)
     feasible = [s.evaluation.makespan for s in others if s.evaluation and s.evaluation.feasible]
     assert feasible, "at least the heuristics give a schedule"
