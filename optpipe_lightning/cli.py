@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -32,6 +33,7 @@ from .size_guard import (
     check_time_limit,
     check_trace_size,
     max_schedule_bytes,
+    solver_seconds,
 )
 
 app = typer.Typer(
@@ -200,9 +202,10 @@ def compare(
     seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
 ) -> None:
     """Every applicable baseline and the solver on one problem, side by side."""
+    started = time.perf_counter()
     with user_errors():
         problem = _load_problem(problem_path)
-        budget = CompareBudget(problem, time_limit, solving=not no_solve)
+        budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
         if not no_solve:
             check_solver_options(solver, seed)
         from .schedule.baselines import BASELINE_NAMES, NotApplicable, generate
@@ -363,13 +366,15 @@ def solve(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
 ) -> None:
     """The fastest schedule that fits the memory limit, with offload decisions and a bound."""
+    started = time.perf_counter()
     with user_errors():
         problem = _load_problem(problem_path)
         check_size(problem, "solve")
         check_time_limit(problem, time_limit, "solve")
         check_solver_options(solver, seed, gap)
         check_out_path(out_path)
-        result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=db, gap=gap)
+        left = solver_seconds(problem, time_limit, started)  # the command holds the limit
+        result = _run_solver(problem, solver, left, seed, quiet=as_json, db_url=db, gap=gap)
         if out_path is not None:
             write_output(out_path, result.schedule.to_json(indent=1))
         summary = {

@@ -12,6 +12,7 @@ from .schedule.problem import COST_FIELDS
 M = TypeVar("M", bound=BaseModel)
 
 _PER_STAGE = {*COST_FIELDS, "bytes"}
+_TYPE_TAGS = frozenset({"float", "int", "str", "bool", "none", "list", "dict"})
 
 
 class UserError(Exception):
@@ -23,8 +24,9 @@ def describe_validation_error(err: ValidationError) -> str:
     errors = err.errors(include_url=False)
     first = errors[0]
     loc = [str(x) for x in first["loc"]]
-    # union members show up as extra loc parts ("float", "list[float]"): drop them
-    loc = [x for x in loc if not any(t in x for t in ("float", "list[", "int", "function-"))]
+    # union members show up as extra loc parts ("float", "list[float]", "function-after[...]");
+    # field names never hold brackets or these bare type names
+    loc = [x for x in loc if x not in _TYPE_TAGS and "[" not in x and not x.startswith("constr")]
     field = ".".join(loc)
     msg = str(first["msg"]).removeprefix("Value error, ")
     kind = str(first["type"])

@@ -13,9 +13,10 @@ keep each command within seconds on a 2-core machine (BENCHMARKS.md, "Size limit
 | ``trace`` | 65,536 | about 1.1 kB of trace per unit: at most about 70 MB |
 
 ``solve`` also needs a time limit its first schedule fits in, so that it returns within a few
-percent of the limit: ``min_time_limit`` is 8 s x (units / 65,536)^1.5 (8 s at the largest
-size, 1 s at 16,384 units, 0.13 s at 4,096), twice that for ``compare``, whose baselines take the
-first half of its limit. A refusal is one line naming the size, the largest the command takes
+percent of the limit: ``min_time_limit`` is 8 s x (units / 65,536)^1.5 (the first schedule, with
+room) plus twice the wind-down reserve of 30 us per unit: 12 s at the largest size, 2 s at
+16,384 units, 0.37 s at 4,096; twice that for ``compare``, whose baselines take the first half
+of its limit. The solver gets the command's limit less the reserve. A refusal is one line naming the size, the largest the command takes
 and what to do.
 """
 
@@ -46,6 +47,11 @@ MAX_PROBLEM_BYTES: Final = 64 * 2**20
 MAX_TRACE_SCHEDULE_BYTES: Final = 64 * 2**20
 """The largest schedule file ``trace`` reads without ``--problem`` (the largest it traces is
 about 27 MB, plus its embedded problem)."""
+WIND_DOWN_SECONDS_PER_UNIT: Final = 30e-6
+"""What ``solve`` may take past its limit, and the command after it, per unit: a generator
+stopped at the deadline finishes its current step first (PipeOffload's bisection step took
+1.8 s at 64 x 1024 x 1), then one simulation and the output. The solver is given the
+command's limit less this (``wind_down_reserve``: 2 s at the largest size, 0.5 s at 16,384)."""
 MAX_TIME_LIMIT: Final = 7 * 86400.0
 """The largest ``--time-limit`` (a week)."""
 
@@ -70,8 +76,11 @@ def check_size(problem: Problem, command: str) -> None:
 
 
 def min_time_limit(problem: Problem, command: str = "solve") -> float:
-    """The smallest time limit ``command`` holds within a few percent on this problem."""
-    base = FIRST_SCHEDULE_SECONDS * (units(problem) / MAX_UNITS["solve"]) ** 1.5
+    """The smallest time limit ``command`` holds within a few percent on this problem: the
+    first schedule's time (``FIRST_SCHEDULE_SECONDS`` at the largest size, growing as
+    units^1.5) plus twice the wind-down reserve; twice that for ``compare``."""
+    n = units(problem)
+    base = FIRST_SCHEDULE_SECONDS * (n / MAX_UNITS["solve"]) ** 1.5 + 2 * wind_down_reserve(problem)
     return base * (2.0 if command == "compare" else 1.0)
 
 
@@ -86,8 +95,20 @@ def check_time_limit(problem: Problem, time_limit: float, command: str) -> None:
         raise UserError(
             f"--time-limit {time_limit:g} s is too short for problem {_shape(problem)} "
             f"({units(problem):,} units): `optpipe {command}` needs at least {least:.2g} s there "
-            "(its first schedule alone takes about a third of that); raise --time-limit"
+            "(its first schedule and what follows the solver take that much); raise --time-limit"
         )
+
+
+def wind_down_reserve(problem: Problem) -> float:
+    """Seconds a command keeps back from the solver for what comes after it (see above)."""
+    return WIND_DOWN_SECONDS_PER_UNIT * units(problem)
+
+
+def solver_seconds(problem: Problem, time_limit: float, started: float) -> float:
+    """What is left of a command's ``time_limit`` (started at ``started``, a
+    ``time.perf_counter()`` value) for the solver, less ``wind_down_reserve``."""
+    left = started + time_limit - time.perf_counter() - wind_down_reserve(problem)
+    return max(0.01, left)
 
 
 def max_schedule_bytes(problem: Problem) -> int:
@@ -114,16 +135,20 @@ def check_trace_size(problem: Problem) -> None:
 class CompareBudget:
     """How ``compare`` spends its ``--time-limit``: baselines until half of it (all of it with
     ``--no-solve``; one still running then is stopped and listed as not finished), the solver
-    the rest. Checks the size and the limit first."""
+    the rest, less ``wind_down_reserve``. Checks the size and the limit first; ``started``
+    (default: now) is when the command started."""
 
-    def __init__(self, problem: Problem, time_limit: float, solving: bool) -> None:
+    def __init__(
+        self, problem: Problem, time_limit: float, solving: bool, started: float | None = None
+    ) -> None:
         check_size(problem, "compare")
+        self.problem = problem
         if solving:
             check_time_limit(problem, time_limit, "compare")
         elif not 0 < time_limit <= MAX_TIME_LIMIT:
             check_time_limit(problem, time_limit, "baseline")
-        self.start = time.perf_counter()
-        self.end = self.start + time_limit
+        self.start = time.perf_counter() if started is None else started
+        self.time_limit = time_limit
         self.baselines_until = self.start + (0.5 if solving else 1.0) * time_limit
         self.stopped = (
             f"not finished within {'half ' if solving else ''}the time limit "
@@ -131,5 +156,5 @@ class CompareBudget:
         )
 
     def solver_seconds(self) -> float:
-        """What is left of the time limit for the solver."""
-        return max(0.01, self.end - time.perf_counter())
+        """What is left of the time limit for the solver (``solver_seconds``)."""
+        return solver_seconds(self.problem, self.time_limit, self.start)
