@@ -8,14 +8,15 @@ keep each command within seconds on a 2-core machine (BENCHMARKS.md, "Size limit
 | command | largest problem (units) | why |
 |---|---|---|
 | ``simulate`` | 262,144 (e.g. 64 x 2048 x 2) | the simulator times about 100k units a second |
-| ``solve``, ``compare`` | 65,536 (e.g. 64 x 512 x 2) | the first schedule takes 2-3.5 s there |
+| ``solve``, ``compare`` | 32,768 (e.g. 64 x 256 x 2) | the first schedule takes about a second there, and a |
+| | | generator stopped at a deadline finishes its step (seconds at 65,536) |
 | ``baseline`` | 65,536 | the slow generators stop at ``--time-limit`` |
 | ``trace`` | 65,536 | about 1.1 kB of trace per unit: at most about 70 MB |
 
 ``solve`` also needs a time limit its first schedule fits in, so that it returns within a few
-percent of the limit: ``min_time_limit`` is 8 s x (units / 65,536)^1.5 (the first schedule, with
-room) plus twice the wind-down reserve of 30 us per unit: 12 s at the largest size, 2 s at
-16,384 units, 0.37 s at 4,096; twice that for ``compare``, whose baselines take the first half
+percent of the limit: ``min_time_limit`` is 4 s x (units / 32,768)^1.5 (the first schedule, with
+room) plus twice the wind-down reserve of 40 us per unit: 6.6 s at the largest size, 2.7 s at
+16,384 units, 0.5 s at 4,096; twice that for ``compare``, whose baselines take the first half
 of its limit. The solver gets the command's limit less the reserve. A refusal is one line naming the size, the largest the command takes
 and what to do.
 """
@@ -30,13 +31,14 @@ from .schedule.problem import Problem
 
 MAX_UNITS: Final[dict[str, int]] = {
     "simulate": 262_144,
-    "solve": 65_536,
-    "compare": 65_536,
+    "solve": 32_768,
+    "compare": 32_768,
     "baseline": 65_536,
     "trace": 65_536,
 }
-FIRST_SCHEDULE_SECONDS: Final = 8.0
-"""The smallest ``solve`` time limit at the largest size (its first schedule: 2-3.5 s)."""
+FIRST_SCHEDULE_SECONDS: Final = 4.0
+"""Time for ``solve``'s first schedule at the largest size it takes, with room (it took
+0.7-1.2 s at 32,768 units and 2-3.5 s at 65,536 on an idle core)."""
 TRACE_BYTES_PER_UNIT: Final = 1100
 """Chrome-trace JSON per (stage, microbatch, chunk): about 8 events of about 135 bytes."""
 SCHEDULE_BYTES_PER_UNIT: Final = 5 * 80
@@ -47,11 +49,12 @@ MAX_PROBLEM_BYTES: Final = 64 * 2**20
 MAX_TRACE_SCHEDULE_BYTES: Final = 64 * 2**20
 """The largest schedule file ``trace`` reads without ``--problem`` (the largest it traces is
 about 27 MB, plus its embedded problem)."""
-WIND_DOWN_SECONDS_PER_UNIT: Final = 30e-6
+WIND_DOWN_SECONDS_PER_UNIT: Final = 40e-6
 """What ``solve`` may take past its limit, and the command after it, per unit: a generator
 stopped at the deadline finishes its current step first (PipeOffload's bisection step took
-1.8 s at 64 x 1024 x 1), then one simulation and the output. The solver is given the
-command's limit less this (``wind_down_reserve``: 2 s at the largest size, 0.5 s at 16,384)."""
+1.8 s at 64 x 1024 x 1, V-Min's squeeze 2.8 s at 64 x 512 x 2 on a busy machine), then one
+simulation and the output. The solver is given the command's limit less this
+(``wind_down_reserve``: 1.3 s at the largest size, 0.66 s at 16,384 units)."""
 MAX_TIME_LIMIT: Final = 7 * 86400.0
 """The largest ``--time-limit`` (a week)."""
 
@@ -153,7 +156,7 @@ class CompareBudget:
         self.stopped = (
             f"not finished within {'half ' if solving else ''}the time limit "
             f"({time_limit:g} s); raise --time-limit"
-        )
+        )  # (also for one not started: the time was spent before its turn)
 
     def solver_seconds(self) -> float:
         """What is left of the time limit for the solver (``solver_seconds``)."""
