@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -17,11 +18,24 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .arguments import check_out_path, check_solver_options, write_output
+from .command_errors import OneLineErrors
+from .command_errors import fail as _fail
 from .errors import UserError, load_model
 from .schedule import Problem, Schedule, simulate
 from .schedule.bounds import lower_bound
 from .schedule.simulator import ScheduleMismatchError
 from .schedule.units import format_bytes, format_seconds
+from .size_guard import (
+    MAX_PROBLEM_BYTES,
+    MAX_TRACE_SCHEDULE_BYTES,
+    CompareBudget,
+    check_size,
+    check_time_limit,
+    check_trace_size,
+    max_schedule_bytes,
+    solver_seconds,
+)
 
 app = typer.Typer(
     name="optpipe",
@@ -29,11 +43,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=OneLineErrors,
 )
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 T = TypeVar("T")
+SHOWN_VIOLATIONS = 20
 
 
 @contextmanager
@@ -58,17 +74,14 @@ _PART_USER_ERRORS = frozenset(
 )
 
 
-def _fail(message: str) -> None:
-    err.print(f"optpipe: error: {message}", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
 def _load_problem(path: Path) -> Problem:
-    return load_model(path, Problem, "problem")
+    return load_model(path, Problem, "problem", MAX_PROBLEM_BYTES)
 
 
-def _load_schedule(path: Path) -> Schedule:
-    return load_model(path, Schedule, "schedule")
+def _load_schedule(path: Path, max_bytes: int | None = None) -> Schedule:
+    """A schedule file; ``max_bytes`` (``size_guard.max_schedule_bytes``) refuses one larger
+    than any schedule of its problem before it is parsed."""
+    return load_model(path, Schedule, "schedule", max_bytes)
 
 
 # ---- formatting ------------------------------------------------------------------------------
@@ -223,7 +236,9 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON document")] = False,
     no_solve: Annotated[bool, typer.Option("--no-solve", help="baselines only")] = False,
     solver: Annotated[str, typer.Option(help="solver backend")] = "auto",
-    time_limit: Annotated[float, typer.Option(help="solver time limit, seconds")] = 10.0,
+    time_limit: Annotated[
+        float, typer.Option(help="seconds for the whole comparison (baselines, then the solver)")
+    ] = 10.0,
     seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
     memory_margin: MarginOpt = None,
 ) -> None:
@@ -232,24 +247,36 @@ def compare(
     With ``layers_per_stage`` every row shows its best chunking. Every baseline schedule is a
     candidate of the solver, so its row is never slower than a feasible row beside it.
     """
+    started = time.perf_counter()
     with user_errors():
         problem = _with_margin(_load_problem(problem_path), memory_margin)
+        budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
+        if not no_solve:
+            check_solver_options(solver, seed)
         from .schedule.baselines import (
             BASELINE_NAMES,
             NotApplicable,
             best_schedule,
             generate_chunked,
         )
+        from .schedule.baselines._deadline import DeadlineExceeded, deadline_at
 
         bound = _least_bound(problem)
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
-        candidates: list[Schedule] = []
+        candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
         for name in BASELINE_NAMES:
+            if time.perf_counter() > budget.baselines_until:  # none starts after its share
+                skipped[name] = budget.stopped
+                continue
             try:
-                made = generate_chunked(name, problem)
+                with deadline_at(budget.baselines_until):
+                    made = generate_chunked(name, problem)
             except NotApplicable as e:
                 skipped[name] = str(e)
+                continue
+            except DeadlineExceeded:
+                skipped[name] = budget.stopped
                 continue
             except (ImportError, AttributeError):
                 skipped[name] = "not available in this build"
@@ -260,7 +287,7 @@ def compare(
             result = _run_solver(
                 problem,
                 solver,
-                time_limit,
+                budget.solver_seconds(),
                 seed,
                 quiet=as_json,
                 db_url=None,
@@ -289,8 +316,6 @@ def _run_solver(
     gap: float = 0.0,
     candidates: list[Schedule] | None = None,
 ) -> Any:
-    if time_limit <= 0:
-        raise UserError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
     from .solver import solve
 
     callbacks: list[Callable[[Any], None]] = []
@@ -319,20 +344,30 @@ def _run_solver(
         from .solver.progress import RichSolveProgress
 
         progress = RichSolveProgress(problem, time_limit)
-    with progress as display:
-        if display is not None:
-            callbacks.append(display)
-        result = solve(
-            problem,
-            backend=backend,
-            time_limit=time_limit,
-            seed=seed,
-            gap_target=gap,
-            on_incumbent=on_incumbent,
-            # compare's baselines (every chunking) are candidates: they need not run again
-            candidates=candidates or (),
-            use_baselines=candidates is None,
-        )
+    try:
+        with progress as display:
+            if display is not None:
+                callbacks.append(display)
+            result = solve(
+                problem,
+                backend=backend,
+                time_limit=time_limit,
+                seed=seed,
+                gap_target=gap,
+                on_incumbent=on_incumbent,
+                # compare's baselines (every chunking) are candidates: they need not run again
+                candidates=candidates or (),
+                use_baselines=candidates is None,
+            )
+    except BaseException as e:  # the run ends here: never leave it "running"
+        if db is not None and recorder is not None and run_id is not None:
+            _end_run(
+                db,
+                recorder,
+                run_id,
+                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+            )
+        raise
     if result.message and not quiet:
         err.print(f"optpipe: note: {result.message}", markup=False)
     if db is not None and recorder is not None and run_id is not None:
@@ -351,6 +386,20 @@ def _run_solver(
                 schedule_id=sid,
             )
     return result
+
+
+def _end_run(db: Any, recorder: Any, run_id: int, status: str) -> None:
+    """Close a run the solve could not finish (best effort: the solve's error is what counts)."""
+    from .profiles_db import repository as repo
+
+    recorder.close()
+    try:
+        with db.session() as s:
+            repo.finish_solver_run(
+                s, run_id, status=status, makespan=None, lower_bound=None, schedule_id=None
+            )
+    except Exception as e:
+        err.print(f"optpipe: note: could not mark solver run {run_id} {status}: {e}", markup=False)
 
 
 @app.command()
@@ -373,13 +422,17 @@ def solve(
     """The fastest schedule that fits the memory limit, with offload decisions and a bound.
 
     With ``layers_per_stage`` it also chooses the chunk count and placement."""
+    started = time.perf_counter()
     with user_errors():
         problem = _with_margin(_load_problem(problem_path), memory_margin)
-        if out_path is not None and out_path.is_dir():
-            raise UserError(f"--out {out_path} is a directory; give a file name")
-        result = _run_solver(problem, solver, time_limit, seed, quiet=as_json, db_url=db, gap=gap)
+        check_size(problem, "solve")
+        check_time_limit(problem, time_limit, "solve")
+        check_solver_options(solver, seed, gap)
+        check_out_path(out_path)
+        left = solver_seconds(problem, time_limit, started)  # the command holds the limit
+        result = _run_solver(problem, solver, left, seed, quiet=as_json, db_url=db, gap=gap)
         if out_path is not None:
-            out_path.write_text(result.schedule.to_json(indent=1))
+            write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
             "problem": problem.hash,
             "status": result.status,
@@ -409,20 +462,31 @@ def baseline(
     out_path: Annotated[
         Path | None, typer.Option("--out", help="write the schedule JSON here (default: stdout)")
     ] = None,
+    time_limit: Annotated[
+        float, typer.Option(help="give up after this many seconds (the slow generators)")
+    ] = 60.0,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
     with user_errors():
         problem = _load_problem(problem_path)
+        check_size(problem, "baseline")
+        check_out_path(out_path)
         from .schedule.baselines import BASELINE_NAMES, generate
+        from .schedule.baselines._deadline import DeadlineExceeded, deadline_at
 
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
-        sched = generate(name, problem)
+        budget = CompareBudget(problem, time_limit, solving=False)
+        try:
+            with deadline_at(budget.baselines_until):
+                sched = generate(name, problem)
+        except DeadlineExceeded:
+            raise UserError(f"{name}: {budget.stopped}") from None
         text = sched.to_json(indent=1)
         if out_path is None:
             sys.stdout.write(text + "\n")
         else:
-            out_path.write_text(text + "\n")
+            write_output(out_path, text + "\n")
             ev = sched.evaluation
             assert ev is not None
             err.print(
@@ -430,6 +494,14 @@ def baseline(
                 f"{'fits' if ev.feasible else 'does NOT fit'}",
                 markup=False,
             )
+
+
+def _schedule_cap(problem: Problem) -> int:
+    """The largest schedule file of ``problem`` or of any re-chunking of it."""
+    from .schedule.chunking import chunk_counts
+
+    most = max(chunk_counts(problem))
+    return max_schedule_bytes(problem) * max(1, most // problem.num_chunks)
 
 
 def _schedule_problem(
@@ -457,10 +529,11 @@ def simulate_cmd(
 ) -> None:
     """Evaluate a given schedule on a problem: timing, memory, and every violation."""
     with user_errors():
-        problem = _schedule_problem(
-            _load_problem(problem_path), _load_schedule(schedule_path), schedule_path, problem_path
-        )
-        schedule = _load_schedule(schedule_path)
+        given = _load_problem(problem_path)
+        check_size(given, "simulate")
+        schedule = _load_schedule(schedule_path, _schedule_cap(given))
+        problem = _schedule_problem(given, schedule, schedule_path, problem_path)
+        check_size(problem, "simulate")
         ev = simulate(problem, schedule).evaluation
         if as_json:
             sys.stdout.write(
@@ -478,8 +551,11 @@ def simulate_cmd(
         else:
             sched = schedule.with_evaluation(ev)
             _print_table(problem, [_row(schedule.generator, sched, lower_bound(problem))], {})
-            for v in ev.violations:
+            for v in ev.violations[:SHOWN_VIOLATIONS]:
                 out.print(f"[red]{v.kind}[/]: {v.message}", markup=True, highlight=False)
+            if len(ev.violations) > SHOWN_VIOLATIONS:
+                more = len(ev.violations) - SHOWN_VIOLATIONS
+                out.print(f"... and {more} more violations (--json lists them all)")
         if not ev.feasible:
             raise typer.Exit(1)
 
@@ -497,11 +573,16 @@ def trace(
 ) -> None:
     """Write a Chrome trace (open it in https://ui.perfetto.dev) of a schedule's timeline."""
     with user_errors():
-        schedule = _load_schedule(schedule_path)
-        if problem_path is not None:
-            problem = _schedule_problem(
-                _load_problem(problem_path), schedule, schedule_path, problem_path
-            )
+        given = None if problem_path is None else _load_problem(problem_path)
+        if given is not None:
+            check_trace_size(given)
+        schedule = _load_schedule(
+            schedule_path, MAX_TRACE_SCHEDULE_BYTES if given is None else _schedule_cap(given)
+        )
+        check_out_path(out_path)
+        if given is not None and problem_path is not None:
+            problem = _schedule_problem(given, schedule, schedule_path, problem_path)
+            check_trace_size(problem)
         elif schedule.problem is not None:
             problem = schedule.problem
         else:
@@ -512,14 +593,19 @@ def trace(
             raise UserError(
                 f"{schedule_path} was made for problem {schedule.problem_hash}, not {problem.hash}"
             )
+        check_trace_size(problem)
         ev = simulate(problem, schedule).evaluation
         if ev.makespan is None:
             raise UserError(f"{schedule_path} cannot be timed: {ev.violations[0].message}")
         from .inspector.chrome_trace import chrome_trace
 
         doc = chrome_trace(problem, schedule)
-        out_path.write_text(json.dumps(doc))
-        out.print(f"wrote {out_path} ({len(doc['traceEvents'])} events); open it in Perfetto")
+        text = json.dumps(doc)
+        write_output(out_path, text)
+        out.print(
+            f"wrote {out_path} ({len(doc['traceEvents'])} events, {len(text) / 1e6:.1f} MB); "
+            "open it in Perfetto"
+        )
 
 
 @app.command()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TypeVar
 
@@ -13,6 +12,7 @@ from .schedule.problem import COST_FIELDS
 M = TypeVar("M", bound=BaseModel)
 
 _PER_STAGE = {*COST_FIELDS, "bytes"}
+_TYPE_TAGS = frozenset({"float", "int", "str", "bool", "none", "list", "dict"})
 
 
 class UserError(Exception):
@@ -24,8 +24,9 @@ def describe_validation_error(err: ValidationError) -> str:
     errors = err.errors(include_url=False)
     first = errors[0]
     loc = [str(x) for x in first["loc"]]
-    # union members show up as extra loc parts ("float", "list[float]"): drop them
-    loc = [x for x in loc if not any(t in x for t in ("float", "list[", "int", "function-"))]
+    # union members show up as extra loc parts ("float", "list[float]", "function-after[...]");
+    # field names never hold brackets or these bare type names
+    loc = [x for x in loc if x not in _TYPE_TAGS and "[" not in x and not x.startswith("constr")]
     field = ".".join(loc)
     msg = str(first["msg"]).removeprefix("Value error, ")
     kind = str(first["type"])
@@ -40,29 +41,19 @@ def describe_validation_error(err: ValidationError) -> str:
     return f"{field}: {msg}{more}" if field else f"{msg}{more}"
 
 
-def load_model(path: str | Path, model: type[M], what: str) -> M:
+def load_model(path: str | Path, model: type[M], what: str, max_bytes: int | None = None) -> M:
     """Read and validate a JSON file, raising ``UserError`` with a one-line reason."""
+    from .input_files import MAX_FILE_BYTES, read_json
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{p}: is a directory, expected a {what} JSON file") from None
-    except OSError as e:
-        raise UserError(f"{p}: cannot read ({e.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
-        ) from None
+    data = read_json(p, what, MAX_FILE_BYTES if max_bytes is None else max_bytes)
     if not isinstance(data, dict):
         raise UserError(f"{p}: expected a JSON object for a {what}")
     fmt = data.get("format")
     expected = model.model_fields["format"].default if "format" in model.model_fields else None
     if fmt is not None and expected is not None and fmt != expected:
-        raise UserError(f"{p}: format is {fmt!r}, expected {expected!r} (is this a {what} file?)")
+        shown = repr(fmt) if len(repr(fmt)) <= 60 else repr(fmt)[:57] + "..."
+        raise UserError(f"{p}: format is {shown}, expected {expected!r} (is this a {what} file?)")
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from .arguments import write_output
 from .errors import UserError, describe_validation_error
 from .schedule import Problem
 
@@ -35,8 +36,8 @@ def _parse_bytes(text: str | None, option: str = "--memory-limit") -> float | No
         value = float(number) * scale
     except ValueError:
         raise UserError(f"{option} {text!r}: expected bytes like 40GB, 512MiB or 4e10") from None
-    if value <= 0:
-        raise UserError(f"{option} must be > 0, got {text!r}")
+    if not 0 < value < float("inf"):  # NaN fails too
+        raise UserError(f"{option} must be a finite number of bytes > 0, got {text!r}")
     return value
 
 
@@ -96,6 +97,7 @@ def problem_command(
 
     with user_errors():
         limit = _parse_bytes(memory_limit)
+        _check_counts(stages=stages, microbatches=microbatches, chunks=chunks)
         if from_profile is not None:
             problem = _from_profile(from_profile, db, limit, memory_limit_microbatches)
         else:
@@ -126,7 +128,7 @@ def problem_command(
         if out is None:
             sys.stdout.write(text + "\n")
         else:
-            out.write_text(text + "\n")
+            write_output(out, text + "\n")
             typer.echo(f"wrote {out} (problem {problem.hash})", err=True)
 
 
@@ -144,9 +146,9 @@ def _from_model(**fields: object) -> Problem:
         )
     try:
         spec = ModelSpec.model_validate({k: v for k, v in fields.items() if v is not None})
-    except ValidationError as e:
+        return estimate_problem(spec)
+    except ValidationError as e:  # the estimate out of the problem format's ranges, too
         raise UserError(describe_validation_error(e)) from None
-    return estimate_problem(spec)
 
 
 def _from_profile(
@@ -166,9 +168,24 @@ def _from_profile(
                 ) from None
     finally:
         database.close()
-    problem = profile.to_problem(limit)
-    if limit_mb is not None:
-        if limit is not None:
-            raise UserError("give --memory-limit or --memory-limit-microbatches, not both")
-        problem = problem.with_changes(memory_limit=limit_mb * problem.activation_unit())
+    if limit_mb is not None and limit is not None:
+        raise UserError("give --memory-limit or --memory-limit-microbatches, not both")
+    try:
+        problem = profile.to_problem(limit)
+        if limit_mb is not None:
+            problem = problem.with_changes(memory_limit=limit_mb * problem.activation_unit())
+    except ValidationError as e:
+        raise UserError(f"profile {profile_id}: {describe_validation_error(e)}") from None
+    except ValueError as e:  # a profile that does not measure every (stage, chunk)
+        raise UserError(f"profile {profile_id}: {e}") from None
     return problem
+
+
+def _check_counts(**counts: int) -> None:
+    """The format's limits on the pipeline's shape, before anything of that size is built."""
+    from .schedule.ranges import MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGES
+
+    tops = {"stages": MAX_STAGES, "microbatches": MAX_MICROBATCHES, "chunks": MAX_CHUNKS}
+    for name, value in counts.items():
+        if not 1 <= value <= tops[name]:
+            raise UserError(f"--{name} must be from 1 to {tops[name]}, got {value}")

@@ -76,17 +76,17 @@ def run_inspector(db_url: str | None, port: int | None, *, open_browser: bool = 
         import streamlit  # noqa: F401
     except ImportError as e:
         print(
-            f"optpipe inspect: {e.name} is not installed: "
+            f"optpipe: error: {e.name} is not installed: "
             "pip install 'optpipe-lightning[inspector]'",
             file=sys.stderr,
         )
         return 2
     if port is not None and not 1 <= port <= 65535:
-        print(f"optpipe inspect: port {port} is out of range: use 1..65535", file=sys.stderr)
+        print(f"optpipe: error: port {port} is out of range: use 1..65535", file=sys.stderr)
         return 2
     problem = check_database(db_url)
     if problem is not None:
-        print(f"optpipe inspect: {problem}", file=sys.stderr)
+        print(f"optpipe: error: {problem}", file=sys.stderr)
         return 2
     # a port of our own choosing (not Streamlit's 8501): the server's warm-up waits on it
     cmd = streamlit_command(db_url, port or free_port(), open_browser=open_browser)

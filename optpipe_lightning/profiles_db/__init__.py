@@ -14,6 +14,8 @@ Where it lives: ``default_database_url()`` is ``$OPTPIPE_DB_URL`` when set, else
 Failures of the surroundings (not an optpipe database, corrupted file, read-only location,
 missing folder, newer schema, unreachable server) raise ``DatabaseError`` with one line for
 the user; ``try_open_database`` returns None instead, for runs that carry on without it.
+``profile_defect(profile)`` says why a profile cannot serve the model it claims (None when it
+can): the strategy asks it before it uses a profile it was handed.
 See ``database`` (connection and migration rules) and ``repository`` (lookup rules).
 """
 
@@ -27,6 +29,7 @@ from .database import (
 )
 from .errors import DatabaseError, NotFoundError
 from .recorder import SolverEventRecorder
+from .validation import profile_defect
 
 __all__ = [
     "Database",
@@ -37,5 +40,6 @@ __all__ = [
     "default_database_url",
     "head_revision",
     "open_database",
+    "profile_defect",
     "try_open_database",
 ]

@@ -12,22 +12,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from ..command_errors import OneLineErrors
+from ..command_errors import fail as _fail
 from . import repository as repo
 from .database import Database, default_database_url, head_revision, open_database
 from .errors import DatabaseError
 from .rows import _Row
-from .transfer import ExportDocument, export_document, import_document
+from .transfer import EXPORT_FORMAT, ExportDocument, export_document, import_document
 
 app = typer.Typer(
     help="The profiles database: measured profiles, schedules, solver and training runs.",
     no_args_is_help=True,
     add_completion=False,
+    cls=OneLineErrors,
 )
 
 DbOption = Annotated[
@@ -56,11 +59,6 @@ class ShowWhat(StrEnum):
     profile = "profile"
     solver_run = "solver-run"
     training_run = "training-run"
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 @contextmanager
@@ -226,20 +224,38 @@ def import_(
     src: Annotated[Path, typer.Argument(help="JSON file written by `optpipe db export`.")],
     db: DbOption = None,
 ) -> None:
-    """Store the profiles, problems and schedules of an export file (already stored: skipped)."""
+    """Store the profiles, problems and schedules of an export file (already stored: skipped).
+
+    Nothing in the file is trusted: every schedule is simulated again (one whose evaluation
+    says otherwise is refused), every problem hash recomputed, every profile checked against
+    the model it claims; any refusal stores nothing.
+    """
+    from ..errors import UserError, describe_validation_error
+    from ..input_files import decode, parse_json, read_bytes
+
     try:
-        text = src.read_text()
-    except OSError as e:
-        _fail(f"cannot read {src}: {e.strerror}")
+        raw = read_bytes(src, "export")
+    except UserError as e:
+        _fail(f"cannot read {src}: {str(e).removeprefix(f'{src}: ')}")
+    hint = "write one with `optpipe db export`"
     try:
-        doc = ExportDocument.model_validate_json(text)
+        data = parse_json(decode(raw, src), src)
+    except UserError as e:
+        _fail(f"{src} is not an optpipe export ({str(e).removeprefix(f'{src}: ')}); {hint}")
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        _fail(f"{src} is not an optpipe export (no format {EXPORT_FORMAT!r}); {hint}")
+    try:
+        doc = ExportDocument.model_validate(data, strict=True)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top)"
-        _fail(
-            f"{src} is not an optpipe export ({loc}: {err['msg']}); "
-            "write one with `optpipe db export`"
-        )
+        _fail(f"{src} is not an optpipe export ({describe_validation_error(e)}); {hint}")
+    from ..size_guard import check_size
+
+    embedded = [e.schedule.problem for e in doc.schedules if e.schedule.problem is not None]
+    try:  # every schedule is simulated again: no problem larger than `optpipe simulate` takes
+        for problem in [*doc.problems, *embedded]:
+            check_size(problem, "simulate")
+    except UserError as e:
+        _fail(f"{src}: {e}")
     with _open(db, read_only=False) as database:
         try:
             with database.session() as s:
@@ -255,11 +271,16 @@ def import_(
 
 @app.command()
 def check(db: DbOption = None) -> None:
-    """Check the database's consistency (every page of an SQLite file); exit 2 on problems."""
+    """Check the file, the schema and every row of every table again; exit 2 on problems.
+
+    Each problem is printed on stdout; stderr gets one line with the count and the first.
+    """
     with _open(db, read_only=True) as database:
         problems = database.check()
         revision = head_revision()
     if problems:
+        for p in problems:
+            typer.echo(p)
         _fail(
             f"database {database.where} has {len(problems)} problem(s), first: {problems[0]}; "
             "export what still reads (`optpipe db export`) and restore a backup"

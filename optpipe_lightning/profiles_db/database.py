@@ -170,26 +170,38 @@ class Database:
             raise
 
     def check(self) -> list[str]:
-        """Problems the database's own consistency check finds; empty when healthy.
+        """Problems a full check finds, one line each; empty when healthy.
 
-        SQLite: ``PRAGMA integrity_check`` (reads every page) and ``foreign_key_check``; other
-        backends: a round trip (their servers check their own pages).
+        The file (SQLite: ``PRAGMA integrity_check``, which reads every page, and
+        ``foreign_key_check``; a server checks its own pages), then the schema against this
+        version's models, then every row of every table (``integrity``).
         """
+        from .integrity import row_findings, schema_findings
+
         try:
             with self.engine.connect() as conn:
-                if self.backend != "sqlite":
-                    conn.execute(text("SELECT 1"))
-                    return []
-                found = [
-                    str(r)
-                    for r in conn.exec_driver_sql("PRAGMA integrity_check").scalars()
-                    if r != "ok"
-                ]
-                found += [
-                    f"row {rowid} of {table} refers to a missing row of {parent}"
-                    for table, rowid, parent, _ in conn.exec_driver_sql("PRAGMA foreign_key_check")
-                ]
+                found: list[str] = []
+                if self.backend == "sqlite":
+                    found = [
+                        str(r)
+                        for r in conn.exec_driver_sql("PRAGMA integrity_check").scalars()
+                        if r != "ok"
+                    ]
+                    found += [
+                        f"row {rowid} of {table} refers to a missing row of {parent}"
+                        for table, rowid, parent, _ in conn.exec_driver_sql(
+                            "PRAGMA foreign_key_check"
+                        )
+                    ]
+                if found:
+                    return found
+                found = schema_findings(conn, head_revision())
+            if found:
                 return found
+            with self.session() as s:
+                return row_findings(s)
+        except DatabaseError as e:
+            return [str(e)]
         except Exception as e:
             if is_environmental(e):
                 return [str(translate(e, self.where))]
@@ -319,6 +331,11 @@ def _check_sqlite_path(path: Path, *, read_only: bool, create: bool, make_dir: b
         raise DatabaseError(f"{folder} is not a folder: choose another --db location")
     if path.is_dir():
         raise DatabaseError(f"database {path} is a folder: give the path of a file in it")
+    if path.exists() and not path.is_file():  # a FIFO would hang the driver's open
+        raise DatabaseError(
+            f"database {path} is not a regular file (a FIFO, socket or device): "
+            "point --db at an SQLite file or a new file name"
+        )
     if not path.exists():
         if read_only:
             raise DatabaseError(

@@ -176,6 +176,7 @@ class SolverRunRecord(Base):
     params: Mapped[dict[str, Any]] = mapped_column()
     status: Mapped[str] = mapped_column(String(32))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    owner: Mapped[str | None] = mapped_column(String(200), doc="the process running it (owners)")
     finished_at: Mapped[datetime | None] = mapped_column()
     makespan: Mapped[float | None] = mapped_column(Float)
     lower_bound: Mapped[float | None] = mapped_column(Float)
@@ -209,6 +210,7 @@ class TrainingRunRecord(Base):
     config: Mapped[dict[str, Any]] = mapped_column()
     status: Mapped[str] = mapped_column(String(32))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    owner: Mapped[str | None] = mapped_column(String(200), doc="the process running it (owners)")
     finished_at: Mapped[datetime | None] = mapped_column()
     memory_limit: Mapped[list[float] | None] = mapped_column(
         doc="bytes per rank that the rank's measured peak memory is held against (revision 0002)"

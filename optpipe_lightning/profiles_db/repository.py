@@ -18,6 +18,9 @@ Lookup rules for reusing a profile (``find_profile``):
    the older ones stay until ``prune``.
 4. With ``max_age_seconds``, a newest profile older than that is stale: ``None`` is returned
    (measure again and store the new profile, which then refreshes the key).
+5. A stored profile that cannot serve the model it claims (``validation.profile_defect``: a
+   (stage, chunk) it does not measure, values out of range) or whose row is damaged is skipped
+   with a logged warning, and the next newest is considered.
 
 Schedules: ``store_schedule`` stores the problem too (from ``problem=`` or the schedule's own
 embedded problem), evaluates the schedule with the one simulator when it carries no evaluation,
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -58,6 +62,7 @@ from .models import (
     TrainingStepRecord,
     utcnow,
 )
+from .owners import current_owner, display_status, mark_interrupted
 from .recorder import SolverEventRecorder
 from .rows import (
     ProblemRow,
@@ -78,6 +83,7 @@ from .training_log import (
     training_metrics,
     training_run_detail,
 )
+from .validation import evaluation_mismatch, profile_defect
 
 __all__ = [
     "SolverEventRecorder",
@@ -112,6 +118,8 @@ __all__ = [
     "training_run_detail",
     "training_steps",
 ]
+
+log = logging.getLogger("optpipe_lightning.profiles_db")
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -196,7 +204,7 @@ def store_problem(s: Session, problem: Problem) -> str:
     limits = [x for x in problem.memory_limits() if x is not None]
     record = ProblemRecord(
         hash=h,
-        name=problem.name,
+        name=None if problem.name is None else problem.name[:200],  # the full name is in data
         num_stages=problem.num_stages,
         num_microbatches=problem.num_microbatches,
         num_chunks=problem.num_chunks,
@@ -258,7 +266,8 @@ def store_schedule(
     """Store a schedule (and its problem); returns its id, the existing one if stored before.
 
     The problem comes from ``problem=``, else the schedule's embedded problem, else the
-    database; a schedule without its evaluation is evaluated by the simulator first.
+    database. The simulator evaluates every schedule; what is stored is its evaluation, and a
+    schedule whose own evaluation says otherwise is refused (``ValueError``).
     """
     prob = problem if problem is not None else schedule.problem
     if prob is not None:
@@ -275,9 +284,21 @@ def store_schedule(
                 f"problem {schedule.problem_hash} is not in the database: pass problem= "
                 "or store the problem first"
             )
-    evaluation = (
-        schedule.evaluation if schedule.evaluation is not None else evaluate(prob, schedule)
-    )
+    actions = sum(len(row) for row in schedule.actions)
+    most = 5 * prob.num_stages * prob.num_microbatches * prob.num_chunks  # F B W OFFLOAD RELOAD
+    if actions > most:
+        raise ValueError(
+            f"schedule {schedule.generator!r} has {actions} actions; one for problem "
+            f"{prob.hash} has at most {most}"
+        )
+    evaluation = evaluate(prob, schedule)  # a claimed evaluation is never trusted
+    if schedule.evaluation is not None:
+        wrong = evaluation_mismatch(schedule.evaluation, evaluation)
+        if wrong is not None:
+            raise ValueError(
+                f"schedule {schedule.generator!r} for problem {schedule.problem_hash}: {wrong}; "
+                "store it without its evaluation, or as the simulator evaluates it"
+            )
     body = schedule.model_copy(update={"problem": None, "evaluation": evaluation})
     data = body.model_dump_json()
     digest = _sha(data)
@@ -410,7 +431,14 @@ def _upsert_model(s: Session, model: ModelFingerprint) -> ModelRecord:
 
 
 def store_profile(s: Session, profile: Profile) -> int:
-    """Store a measured profile (upserting its fingerprints); the same profile again: same id."""
+    """Store a measured profile (upserting its fingerprints); the same profile again: same id.
+
+    A profile that cannot serve the model it claims (``validation.profile_defect``) is refused
+    with ``ValueError``.
+    """
+    defect = profile_defect(profile)
+    if defect is not None:
+        raise ValueError(f"profile of model {profile.model.name!r}: {defect}")
     measured = _measured_at(profile)
     data = profile.model_dump_json()
     digest = _sha(data)
@@ -448,16 +476,27 @@ def find_profile(
         .join(ModelRecord, ModelRecord.id == ProfileRecord.model_id)
         .where(HardwareRecord.key == hardware.key, ModelRecord.key == model.key)
         .order_by(ProfileRecord.measured_at.desc(), ProfileRecord.id.desc())
-        .limit(1)
     )
-    rec = s.scalars(q).first()
-    if rec is None:
-        return None
-    if max_age_seconds is not None:
-        age = (utcnow() - rec.measured_at).total_seconds()
-        if age > max_age_seconds:
-            return None
-    return _parse(Profile, rec.data, f"profile {rec.id}")
+    for rec in s.scalars(q):
+        if max_age_seconds is not None:
+            age = (utcnow() - rec.measured_at).total_seconds()
+            if age > max_age_seconds:
+                return None
+        try:
+            profile = _parse(Profile, rec.data, f"profile {rec.id}")
+        except DatabaseError as e:
+            log.warning("optpipe: skipping %s", e)
+            continue
+        defect = profile_defect(profile)
+        if defect is None and (profile.model.key, profile.hardware.key) != (
+            model.key,
+            hardware.key,
+        ):
+            defect = "its JSON names another model or hardware than its row"
+        if defect is None:
+            return profile
+        log.warning("optpipe: skipping stored profile %d: %s (measure again)", rec.id, defect)
+    return None
 
 
 def get_profile(s: Session, profile_id: int) -> Profile:
@@ -498,16 +537,20 @@ def list_profiles(s: Session) -> list[ProfileRow]:
 
 
 def start_solver_run(s: Session, problem_hash: str, backend: str, params: dict[str, Any]) -> int:
-    """A new solver run (status ``running``) for a stored problem."""
+    """A new solver run (status ``running``, owned by this process) for a stored problem.
+
+    Runs of this host whose process is gone are marked ``interrupted`` first (``owners``)."""
     if s.get(ProblemRecord, problem_hash) is None:
         raise NotFoundError(
             f"problem {problem_hash} is not in the database: store_problem before a solver run"
         )
+    mark_interrupted(s)
     rec = SolverRunRecord(
         problem_hash=problem_hash,
         backend=backend,
         params=_json_safe(params, "solver params"),
         status="running",
+        owner=current_owner(),
     )
     s.add(rec)
     s.flush()
@@ -548,7 +591,7 @@ def _solver_run_rows(s: Session, where: Any = None) -> list[SolverRunRow]:
             id=r.id,
             problem_hash=r.problem_hash,
             backend=r.backend,
-            status=r.status,
+            status=display_status(r.status, r.owner),
             started_at=r.started_at,
             finished_at=r.finished_at,
             makespan=r.makespan,
@@ -593,14 +636,18 @@ def start_training_run(
     model: ModelFingerprint,
     config: dict[str, Any],
 ) -> int:
-    """A new training run (status ``running``) on (hardware, model)."""
+    """A new training run (status ``running``, owned by this process) on (hardware, model).
+
+    Runs of this host whose process is gone are marked ``interrupted`` first (``owners``)."""
     hw = _upsert_hardware(s, hardware)
     mod = _upsert_model(s, model)
+    mark_interrupted(s)
     rec = TrainingRunRecord(
         hardware_id=hw.id,
         model_id=mod.id,
         config=_json_safe(config, "training config"),
         status="running",
+        owner=current_owner(),
     )
     s.add(rec)
     s.flush()
@@ -686,7 +733,7 @@ def list_training_runs(s: Session) -> list[TrainingRunRow]:
             model_key=m.key,
             device_kind=h.device_kind,
             model_name=m.name,
-            status=r.status,
+            status=display_status(r.status, r.owner),
             started_at=r.started_at,
             finished_at=r.finished_at,
             num_steps=n or 0,

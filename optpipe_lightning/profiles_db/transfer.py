@@ -29,7 +29,7 @@ EXPORT_FORMAT = "optpipe.db-export/1"
 class ExportedSchedule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: str = "import"
+    source: str = Field(default="import", max_length=32)
     schedule: Schedule
 
 
@@ -91,17 +91,29 @@ def _counts(s: Session) -> ImportCounts:
 
 
 def import_document(s: Session, doc: ExportDocument) -> ImportCounts:
-    """Store everything in ``doc``; returns how many rows were new."""
+    """Store everything in ``doc``; returns how many rows were new.
+
+    Nothing is trusted: schedules are simulated again (``store_schedule`` refuses one whose
+    evaluation says otherwise), profiles checked against their model (``store_profile``); the
+    first refusal is a ``ValueError`` naming the entry, and the caller's transaction stores
+    nothing.
+    """
     before = _counts(s)
-    known = {p.hash: p for p in doc.problems}
+    known = {p.hash: p for p in doc.problems}  # hashes recomputed, never read from the file
     for p in doc.problems:
         repo.store_problem(s, p)
-    for entry in doc.schedules:
+    for i, entry in enumerate(doc.schedules):
         sched = entry.schedule
         problem = sched.problem or known.get(sched.problem_hash)
-        repo.store_schedule(s, sched, problem=problem, source=entry.source)
-    for prof in doc.profiles:
-        repo.store_profile(s, prof)
+        try:
+            repo.store_schedule(s, sched, problem=problem, source=entry.source)
+        except ValueError as e:
+            raise ValueError(f"schedules.{i}: {e}") from None
+    for i, prof in enumerate(doc.profiles):
+        try:
+            repo.store_profile(s, prof)
+        except ValueError as e:
+            raise ValueError(f"profiles.{i}: {e}") from None
     after = _counts(s)
     return ImportCounts(
         problems=after.problems - before.problems,

@@ -12,14 +12,33 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .ranges import (
+    MAX_BYTES,
+    MAX_SECONDS,
+    MIN_BYTES,
+    MIN_SECONDS,
+    Bandwidth,
+    Chunks,
+    Count,
+    Label,
+    Microbatches,
+    Number,
+    StageIndex,
+    Stages,
+    bytes_problem,
+    time_problem,
+)
 
 PROBLEM_FORMAT: Final = "optpipe.problem/1"
 
-PerStage = float | list[float] | list[list[float]]
+Layers = Annotated[Count, Field(le=1_000_000)]
+
+PerStage = Number | list[Number] | list[list[Number]]
 
 COST_FIELDS = ("t_f", "t_b", "t_w", "t_comm", "m_f", "m_b", "m_w")
 
@@ -56,9 +75,9 @@ class OffloadSpec(_Strict):
     """What one (stage, microbatch, chunk) activation offload moves, and over which channel."""
 
     bytes: PerStage = Field(description="bytes one (stage, microbatch, chunk) moves to the host")
-    d2h_bandwidth: float = Field(gt=0, description="device-to-host copy bandwidth, bytes/s")
-    h2d_bandwidth: float = Field(gt=0, description="host-to-device copy bandwidth, bytes/s")
-    channel_groups: list[list[int]] = Field(
+    d2h_bandwidth: Bandwidth = Field(description="device-to-host copy bandwidth, bytes/s")
+    h2d_bandwidth: Bandwidth = Field(description="host-to-device copy bandwidth, bytes/s")
+    channel_groups: list[list[StageIndex]] = Field(
         default_factory=list,
         description="stages sharing one copy channel (a PCIe switch); others have their own",
     )
@@ -73,9 +92,9 @@ class Problem(_Strict):
     """A pipeline schedule problem: costs of this model on this hardware plus a memory limit."""
 
     format: Literal["optpipe.problem/1"] = PROBLEM_FORMAT
-    num_stages: int = Field(ge=1, description="devices in the pipeline (p)")
-    num_microbatches: int = Field(ge=1, description="microbatches per iteration (m)")
-    num_chunks: int = Field(default=1, ge=1, description="chunks (virtual stages) per device (v)")
+    num_stages: Stages = Field(description="devices in the pipeline (p)")
+    num_microbatches: Microbatches = Field(description="microbatches per iteration (m)")
+    num_chunks: Chunks = Field(default=1, description="chunks (virtual stages) per device (v)")
     placement: Literal["interleaved", "vshape"] = "interleaved"
     t_f: PerStage
     t_b: PerStage
@@ -88,37 +107,26 @@ class Problem(_Strict):
     m_f: PerStage = 1.0
     m_b: PerStage = -0.5
     m_w: PerStage = -0.5
-    memory_limit: float | list[float] | None = None
+    memory_limit: Number | list[Number] | None = None
     offload: OffloadSpec | None = None
-    layers_per_stage: int | list[int] | None = Field(
+    layers_per_stage: Layers | list[Layers] | None = Field(
         default=None,
         description="equal layers each stage holds (one number or a list per stage): tools may "
         "split a stage into any chunk count dividing them (``schedule.chunking``)",
     )
-    name: str | None = Field(default=None, description="free-form label, not part of the hash")
-
-    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_comm", "m_f", "m_b", "m_w")
-    @classmethod
-    def _finite(cls, v: PerStage | None) -> PerStage | None:
-        if v is None:
-            return v
-        flat = np.asarray(v if isinstance(v, int | float) else _flatten(v), dtype=float)
-        if not np.all(np.isfinite(flat)):
-            raise ValueError("must be finite numbers")
-        return v
+    name: Label | None = Field(default=None, description="free-form label, not part of the hash")
 
     @model_validator(mode="after")
     def _check(self) -> Problem:
         p, v = self.num_stages, self.num_chunks
         arrays = {name: expand_per_stage(getattr(self, name), p, v, name) for name in COST_FIELDS}
-        for name in ("t_f", "t_b"):
-            if np.any(arrays[name] <= 0):
-                raise ValueError(f"{name} must be > 0 seconds everywhere")
-        if self.t_bw is not None and np.any(expand_per_stage(self.t_bw, p, v, "t_bw") <= 0):
-            raise ValueError("t_bw must be > 0 seconds everywhere (or left out: t_b + t_w)")
-        for name in ("t_w", "t_comm"):
-            if np.any(arrays[name] < 0):
-                raise ValueError(f"{name} must be >= 0 seconds everywhere")
+        if self.t_bw is not None:
+            arrays["t_bw"] = expand_per_stage(self.t_bw, p, v, "t_bw")
+        for name in ("t_f", "t_b", "t_bw", "t_w", "t_comm"):
+            if name in arrays:
+                _check_times(name, arrays[name], positive=name in ("t_f", "t_b", "t_bw"))
+        for name in ("m_f", "m_b", "m_w"):
+            _check_bytes(name, arrays[name], signed=True)
         if np.any(arrays["m_f"] < 0):
             raise ValueError("m_f must be >= 0 bytes (a forward allocates its activation)")
         total = arrays["m_f"] + arrays["m_b"] + arrays["m_w"]
@@ -136,10 +144,17 @@ class Problem(_Strict):
                 raise ValueError(f"memory_limit has {len(lims)} entries, expected num_stages={p}")
             if any(x <= 0 for x in lims):
                 raise ValueError("memory_limit must be > 0 bytes (or null for unlimited)")
+            _check_bytes("memory_limit", np.asarray(lims, dtype=float)[:, None])
         if self.offload is not None:
             b = expand_per_stage(self.offload.bytes, p, v, "offload.bytes")
             if np.any(b < 0):
                 raise ValueError("offload.bytes must be >= 0")
+            _check_bytes("offload.bytes", b)
+            for bw, name in (
+                (self.offload.d2h_bandwidth, "d2h"),
+                (self.offload.h2d_bandwidth, "h2d"),
+            ):
+                _check_times(f"a copy's offload.bytes / offload.{name}_bandwidth", b / bw)
             if np.any(b > arrays["m_f"] * (1 + 1e-9)):
                 raise ValueError("offload.bytes must not exceed m_f (only an activation can move)")
             seen: set[int] = set()
@@ -301,11 +316,29 @@ class Problem(_Strict):
         return float(self._arrays["m_f"].sum(axis=1).max())
 
 
-def _flatten(v: list[float] | list[list[float]]) -> list[float]:
-    out: list[float] = []
-    for x in v:
-        if isinstance(x, list):
-            out.extend(x)
-        else:
-            out.append(x)
-    return out
+def _first_bad(name: str, values: np.ndarray, bad: np.ndarray) -> tuple[str, float]:
+    """The field spelled at its first bad (stage, chunk), and the value there."""
+    s, c = (int(x) for x in np.argwhere(bad)[0])
+    uniform = bool(np.all(values == values.flat[0]))
+    where = name if uniform else f"{name} at stage {s} chunk {c}"
+    return where, float(values[s, c])
+
+
+def _check_times(name: str, values: np.ndarray, *, positive: bool = False) -> None:
+    """Every time 0 (unless ``positive``) or within [MIN_SECONDS, MAX_SECONDS]."""
+    ok = (values >= MIN_SECONDS) & (values <= MAX_SECONDS)
+    if not positive:
+        ok |= values == 0
+    if not ok.all():
+        where, x = _first_bad(name, values, ~ok)
+        message = time_problem(where, x, positive=positive)
+        raise ValueError(message or f"{where} is out of range, got {x:g}")
+
+
+def _check_bytes(name: str, values: np.ndarray, *, signed: bool = False) -> None:
+    """Every byte count 0 or of a magnitude within [MIN_BYTES, MAX_BYTES]."""
+    mag = np.abs(values)
+    ok = (values == 0) | ((mag >= MIN_BYTES) & (mag <= MAX_BYTES))
+    if not ok.all():
+        where, x = _first_bad(name, values, ~ok)
+        raise ValueError(bytes_problem(where, x, signed=signed) or f"{where} is out of range")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal, NamedTuple
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, Strict
 
 from .problem import Problem
+from .ranges import MAX_CHUNKS, MAX_GENERATOR_LENGTH, MAX_MICROBATCHES, Label
 
 SCHEDULE_FORMAT: Final = "optpipe.schedule/1"
 
@@ -56,12 +57,13 @@ def _parse_action(value: Any) -> Action:
         op, mb, chunk = value[0], value[1], value[2] if len(value) == 3 else 0
     else:
         raise ValueError("an action is {'op': ..., 'mb': ..., 'chunk': ...}")
-    if op not in ALL_KINDS:
-        raise ValueError(f"unknown op {op!r}; one of {', '.join(sorted(ALL_KINDS))}")
-    if not isinstance(mb, int) or isinstance(mb, bool) or mb < 0:
-        raise ValueError(f"action mb must be an integer >= 0, got {mb!r}")
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-        raise ValueError(f"action chunk must be an integer >= 0, got {chunk!r}")
+    if not isinstance(op, str) or op not in ALL_KINDS:
+        shown = repr(op) if len(repr(op)) <= 40 else repr(op)[:37] + "..."
+        raise ValueError(f"unknown op {shown}; one of {', '.join(sorted(ALL_KINDS))}")
+    for name, x, top in (("mb", mb, MAX_MICROBATCHES), ("chunk", chunk, MAX_CHUNKS)):
+        if type(x) is not int or not 0 <= x < top:
+            shown = repr(x) if len(repr(x)) <= 40 else repr(x)[:37] + "..."
+            raise ValueError(f"action {name} must be an integer from 0 to {top - 1}, got {shown}")
     return Action(op, mb, chunk)
 
 
@@ -114,8 +116,8 @@ class Schedule(_Strict):
     """A schedule for one problem (by hash): who runs what, in which order."""
 
     format: Literal["optpipe.schedule/1"] = SCHEDULE_FORMAT
-    problem_hash: str
-    generator: str
+    problem_hash: Annotated[str, Strict(), Field(max_length=64)]
+    generator: Annotated[Label, Field(max_length=MAX_GENERATOR_LENGTH)]
     params: dict[str, Any] = Field(default_factory=dict)
     actions: list[list[ActionField]]
     evaluation: Evaluation | None = None

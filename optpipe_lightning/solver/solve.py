@@ -98,6 +98,8 @@ SCREEN_RULES_SHARE = 0.5
 # (``lns``: CP-SAT on one time window of the incumbent at a time) gets this share of the time
 # left before the backend (the relaxation) gets the rest
 LNS_SHARE = 0.5
+# with a deterministic time (no wall clock decides), the windows the search may take
+LNS_DETERMINISTIC_WINDOWS = 32
 
 
 def _baselines(
@@ -648,6 +650,7 @@ def _run_lns(problem: Problem, best: Best, budget: Budget, args: _Args) -> None:
             seed=args.seed,
             workers=worker_count(args.workers),
             deterministic_time=args.deterministic_time,
+            max_windows=None if args.deterministic_time is None else LNS_DETERMINISTIC_WINDOWS,
             stop=args.stop,
             lower_bound=best.bound,
         )

@@ -25,7 +25,9 @@ def problems(draw: st.DrawFn) -> Problem:
         return [[draw(values) for _ in range(v)] for _ in range(p)]
 
     m_f = grid(st.floats(0.5, 2.0))
-    share = grid(st.floats(-0.3, 1.0))  # part of m_f that B frees (negative: B allocates)
+    # part of m_f that B frees (negative: B allocates); rounded, so no byte count is a residue
+    # below the format's smallest (1e-9)
+    share = grid(st.floats(-0.3, 1.0).map(lambda x: round(x, 6)))
     m_b = [[-m_f[s][c] * share[s][c] for c in range(v)] for s in range(p)]
     m_w = [[-m_f[s][c] - m_b[s][c] for c in range(v)] for s in range(p)]
     limit = draw(
@@ -42,8 +44,8 @@ def problems(draw: st.DrawFn) -> Problem:
         placement=draw(st.sampled_from(["interleaved", "vshape"])),
         t_f=grid(time),
         t_b=grid(time),
-        t_w=grid(st.floats(0.0, 3.0)),
-        t_comm=draw(st.floats(0.0, 0.5)),
+        t_w=grid(st.floats(0.0, 3.0).map(lambda x: round(x, 6))),  # 0 or >= 1e-6 s
+        t_comm=draw(st.floats(0.0, 0.5).map(lambda x: round(x, 6))),
         m_f=m_f,
         m_b=m_b,
         m_w=m_w,

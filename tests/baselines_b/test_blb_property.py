@@ -22,7 +22,7 @@ def problems(draw: st.DrawFn, v_shape: bool, with_offload: bool) -> Problem:
         return [[draw(values) for _ in range(v)] for _ in range(p)]
 
     m_f = grid(st.floats(0.1, 2.0))
-    frac = grid(st.floats(0.0, 1.0))
+    frac = grid(st.floats(0.0, 1.0).map(lambda x: round(x, 6)))  # no byte count below 1e-9
     m_b = [[-f * x for f, x in zip(rf, rx, strict=True)] for rf, rx in zip(m_f, frac, strict=True)]
     m_w = [[-(f + b) for f, b in zip(rf, rb, strict=True)] for rf, rb in zip(m_f, m_b, strict=True)]
     one = max(max(r) for r in m_f)  # one activation: no limit below it can hold
@@ -34,7 +34,7 @@ def problems(draw: st.DrawFn, v_shape: bool, with_offload: bool) -> Problem:
         t_f=grid(costs),
         t_b=grid(costs),
         t_w=grid(st.one_of(st.just(0.0), costs)),
-        t_comm=draw(st.one_of(st.just(0.0), st.floats(0.0, 1.0))),
+        t_comm=draw(st.one_of(st.just(0.0), st.floats(0.0, 1.0).map(lambda x: round(x, 6)))),
         m_f=m_f,
         m_b=m_b,
         m_w=m_w,

@@ -74,7 +74,7 @@ def test_start_up_errors_are_one_line(
     rc = launch.run_inspector(url.format(tmp=tmp_path), port)
     err = capsys.readouterr().err
     assert rc == 2
-    assert err.count("\n") == 1 and err.startswith("optpipe inspect: ")
+    assert err.count("\n") == 1 and err.startswith("optpipe: error: ")
     assert message.format(tmp=tmp_path) in err
 
 

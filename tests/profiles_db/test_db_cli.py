@@ -55,7 +55,7 @@ def _run(*args: str) -> tuple[int, str, str]:
 def _one_line_error(args: list[str], *needles: str) -> str:
     code, out, err = _run(*args)
     assert code == 2, (out, err)
-    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert err.startswith("optpipe: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err + out
     for n in needles:
         assert n in err, err

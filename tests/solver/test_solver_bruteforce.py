@@ -14,10 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 from bench_problems import brute_problem
+from solver_budget import UNBOUNDED_SECONDS
 
 from optpipe_lightning.schedule import Action, Problem, simulate
 from optpipe_lightning.schedule.bounds import lower_bound
 from optpipe_lightning.solver import solve
+
+# what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
 
 
 def _merges(chains: list[list[Action]]) -> Iterator[list[Action]]:
@@ -77,7 +81,15 @@ def _exhaustive(pb: Problem, fused: bool | str) -> float:
 
 def _assert_cpsat_proves(pb: Problem, brute: float) -> None:
     """CP-SAT alone proves the exhaustive search's optimum, and the simulator agrees."""
-    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
+    res = solve(
+        pb,
+        backend="cpsat",
+        time_limit=UNBOUNDED_SECONDS,
+        deterministic_time=30.0,
+        workers=1,
+        seed=0,
+        use_baselines=False,
+    )
     assert res.status == "optimal"
     assert res.makespan == pytest.approx(brute, abs=1e-9)
     assert res.lower_bound == pytest.approx(brute, abs=1e-9)

@@ -7,18 +7,22 @@ from typing import Any
 
 import pytest
 from bench_problems import bench_problem, one_lane
+from solver_budget import UNBOUNDED_SECONDS
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver import cpsat, solve
 from optpipe_lightning.solver.hints import tick_times
 from optpipe_lightning.solver.ticks import OpKey, tick_model
 
+# the hint and the search on their deterministic budgets, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
+
 
 def _run(
     pb: Problem, share: float, work: float, stop: threading.Event | None = None
 ) -> tuple[cpsat.CpOutcome, list[tuple[int, int]], float]:
     """CP-SAT from the list rules' best schedule, one worker, ``work`` deterministic seconds."""
-    heur = solve(pb, backend="heuristic", time_limit=5.0)
+    heur = solve(pb, backend="heuristic", time_limit=UNBOUNDED_SECONDS)
     tm = tick_model(pb, heur.makespan)
     hint = tick_times(pb, heur.schedule, tm)
     assert hint is not None
@@ -34,7 +38,7 @@ def _run(
         horizon=horizon,
         lower_bound=0,
         hint=(starts, offloaded),
-        time_limit=60.0,
+        time_limit=UNBOUNDED_SECONDS,
         gap_target=0.0,
         seed=0,
         workers=1,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from bench_problems import bench_problem
+from solver_budget import UNBOUNDED_SECONDS
 
 import optpipe_lightning.schedule.baselines as baselines_pkg
 import optpipe_lightning.solver.backend as backend_mod
@@ -36,8 +37,16 @@ def test_solver_deadline_zero_limit_still_answers_and_lists_what_it_skipped() ->
     assert "heuristics" in phases and "cpsat (build and search)" not in phases
 
 
+@pytest.mark.usefixtures("deterministic_cpsat")
 def test_solver_deadline_nothing_skipped_when_time_suffices() -> None:
-    res = solve(_pb(4, 8, mem=0.5, copy=2.0), time_limit=30.0, workers=1, seed=0)
+    # time that suffices on any machine: a wall limit never reached, CP-SAT on its work
+    res = solve(
+        _pb(4, 8, mem=0.5, copy=2.0),
+        time_limit=UNBOUNDED_SECONDS,
+        deterministic_time=30.0,
+        workers=1,
+        seed=0,
+    )
     assert "skipped" not in res.schedule.params
     assert res.message is None
     assert res.status == "optimal"

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import pytest
 from bench_problems import fused_problem
+from solver_budget import UNBOUNDED_SECONDS
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.solver import lower_bound, solve
 from optpipe_lightning.solver.solve import backend_bounds_hold
 from optpipe_lightning.solver.ticks import fusable, tick_model
+
+# what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
 
 
 def _fused_cheaper(t_bw: float = 1.2, limit: float | None = None) -> Problem:
@@ -37,7 +41,15 @@ def test_cpsat_mixes_fused_and_split_backwards_and_proves_it(
     t_bw: float, limit: float | None, expected: float
 ) -> None:
     pb = _fused_cheaper(t_bw, limit)
-    res = solve(pb, backend="cpsat", time_limit=30, workers=1, seed=0, use_baselines=False)
+    res = solve(
+        pb,
+        backend="cpsat",
+        time_limit=UNBOUNDED_SECONDS,
+        deterministic_time=30.0,
+        workers=1,
+        seed=0,
+        use_baselines=False,
+    )
     assert res.status == "optimal"
     assert res.makespan == pytest.approx(expected, abs=1e-9)
     assert _ops(res.schedule.actions) >= {"B", "W", "BW"}  # both kinds in one schedule
@@ -53,7 +65,15 @@ def test_cpsat_mixes_fused_and_split_backwards_and_proves_it(
 def test_where_fusing_cannot_pay_nothing_is_fused() -> None:
     pb = _fused_cheaper(t_bw=2.0)  # BW = B + W
     assert not fusable(pb)
-    res = solve(pb, backend="cpsat", time_limit=10, workers=1, seed=0, use_baselines=False)
+    res = solve(
+        pb,
+        backend="cpsat",
+        time_limit=UNBOUNDED_SECONDS,
+        deterministic_time=10.0,
+        workers=1,
+        seed=0,
+        use_baselines=False,
+    )
     assert res.status == "optimal" and res.makespan == pytest.approx(27.0)
     assert "BW" not in _ops(res.schedule.actions)
 

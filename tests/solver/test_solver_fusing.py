@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bench_problems import fused_problem
+from solver_budget import UNBOUNDED_SECONDS
 
 from optpipe_lightning.schedule import Action, Problem, Schedule, simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -67,7 +68,7 @@ def test_solve_offers_the_fused_schedule() -> None:
     """With the backend off, the list rules build split schedules only; at three activations of
     memory the best (greedy, 31) keeps each W next to its B, and fusing them gives 30.2."""
     pb = _problem(1.2).with_changes(memory_limit=3.0)
-    res = solve(pb, backend="heuristic", time_limit=10, use_baselines=False)
+    res = solve(pb, backend="heuristic", time_limit=UNBOUNDED_SECONDS, use_baselines=False)
     assert res.makespan == pytest.approx(30.2)
     assert res.schedule.params["source"] == "fused:heuristic:greedy"
     assert any(a.op == "BW" for row in res.schedule.actions for a in row)

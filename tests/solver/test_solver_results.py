@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from bench_problems import bench_problem
+from solver_budget import UNBOUNDED_SECONDS
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.solver import (
@@ -15,6 +16,9 @@ from optpipe_lightning.solver import (
     solve,
 )
 from optpipe_lightning.solver.solve import _baselines
+
+# what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
 
 
 def _pb(
@@ -38,9 +42,10 @@ def _pb(
 
 def test_known_optima_of_the_measured_prototype() -> None:
     """4x8, memory of 2 activations: 41 without offload, 28 with, 27 unlimited (solver note)."""
-    r_off = solve(_pb(4, 8), time_limit=30, workers=1, seed=0, use_baselines=False)
-    r_no = solve(_pb(4, 8, offload=False), time_limit=30, workers=1, use_baselines=False)
-    r_un = solve(_pb(4, 8, limit=None), time_limit=30, workers=1, use_baselines=False)
+    budget = {"time_limit": UNBOUNDED_SECONDS, "deterministic_time": 30.0, "workers": 1}
+    r_off = solve(_pb(4, 8), seed=0, use_baselines=False, **budget)
+    r_no = solve(_pb(4, 8, offload=False), use_baselines=False, **budget)
+    r_un = solve(_pb(4, 8, limit=None), use_baselines=False, **budget)
     assert (r_off.makespan, r_no.makespan, r_un.makespan) == (28.0, 41.0, 27.0)
     assert r_off.status == r_no.status == r_un.status == "optimal"
     assert r_off.schedule.num_offloaded() > 0
@@ -50,11 +55,19 @@ def test_known_optima_of_the_measured_prototype() -> None:
 def test_result_is_the_simulators_and_incumbents_improve() -> None:
     pb = _pb(4, 8)
     seen: list[Incumbent] = []
-    res = solve(pb, time_limit=30, workers=1, seed=1, on_incumbent=seen.append, use_baselines=False)
+    res = solve(
+        pb,
+        time_limit=UNBOUNDED_SECONDS,
+        deterministic_time=30.0,
+        workers=1,
+        seed=1,
+        on_incumbent=seen.append,
+        use_baselines=False,
+    )
     sched = res.schedule
     assert sched.generator == "optpipe"
     assert sched.params["backend"] == "cpsat" and sched.params["seed"] == 1
-    assert sched.params["time_limit"] == 30
+    assert sched.params["time_limit"] == UNBOUNDED_SECONDS
     assert sched.problem_hash == pb.hash
     ev = simulate(pb, sched).evaluation
     assert ev.feasible and ev.makespan == res.makespan
@@ -93,7 +106,7 @@ def test_result_is_the_simulators_and_incumbents_improve() -> None:
     ],
 )
 def test_never_slower_than_any_feasible_baseline_or_heuristic(pb: Problem) -> None:
-    res = solve(pb, time_limit=5, workers=1, seed=0, deterministic_time=5.0)
+    res = solve(pb, time_limit=UNBOUNDED_SECONDS, workers=1, seed=0, deterministic_time=1.0)
     others = [s for _, s in _baselines(pb)] + heuristic_schedules(pb)
     feasible = [s.evaluation.makespan for s in others if s.evaluation and s.evaluation.feasible]
     assert feasible, "at least the heuristics give a schedule"
@@ -118,7 +131,7 @@ def test_unlimited_bound_is_tight_for_uniform_stages() -> None:
 
 
 def test_heuristic_backend_answers_without_a_solver() -> None:
-    res = solve(_pb(8, 32), backend="heuristic", time_limit=10, use_baselines=False)
+    res = solve(_pb(8, 32), backend="heuristic", time_limit=UNBOUNDED_SECONDS, use_baselines=False)
     assert res.backend == "heuristic"
     assert res.status == "heuristic"
     assert res.makespan <= 110.0  # the offload-aware list scheduler
@@ -170,8 +183,9 @@ def test_backend_starts_from_the_bound_rounded_up_to_whole_ticks(
         return cpsat.CpOutcome("unknown", None, None, 0.0)
 
     monkeypatch.setattr(cpsat, "solve_cpsat", fake)
+    # the backend must be reached on any machine: no wall limit cuts the phases before it
     pb = bench_problem(8, 32, 1, 0.5, 0.5)  # drain bound 104, times in halves
-    res = solve(pb, time_limit=5, use_baselines=False)
+    res = solve(pb, time_limit=UNBOUNDED_SECONDS, use_baselines=False, lns=False)
     assert res.lower_bound == pytest.approx(104.0)
     assert seen["exact"] is True
     assert seen["lower_bound"] == round(104.0 / float(seen["tick"]))  # type: ignore[arg-type]
@@ -199,7 +213,10 @@ def test_cpsat_reaches_its_search_where_every_op_lasts_one_tick() -> None:
         horizon=hint[2],
         lower_bound=0,
         hint=(hint[0], hint[1]),
-        time_limit=3.0,  # about 0.6 s here; expanded, presolve alone took 5-10 s
+        time_limit=UNBOUNDED_SECONDS,
+        # the hint is taken within 0.2 of deterministic time (about a second of one core);
+        # expanded, presolve alone took 5-10 s
+        deterministic_time=0.2,
         gap_target=0.0,
         seed=0,
         workers=1,

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 from bench_problems import bench_problem, one_lane
+from solver_budget import UNBOUNDED_SECONDS
 
 import optpipe_lightning.solver.rule_search as rs
 from optpipe_lightning.schedule import Problem, Schedule, evaluate
@@ -18,6 +19,9 @@ from optpipe_lightning.solver.rule_search import (
     rule_label,
     search_rules,
 )
+
+# what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
+pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
 
 _pb = bench_problem
 
@@ -123,7 +127,7 @@ def test_search_stops_when_told_and_never_reruns_a_rule(monkeypatch: pytest.Monk
 
 def test_solve_reports_the_searched_rule() -> None:
     pb = _pb(8, 32, 2, 0.25, 0.5)
-    res = solve(pb, backend="heuristic", time_limit=60, workers=1)
+    res = solve(pb, backend="heuristic", time_limit=UNBOUNDED_SECONDS, workers=1)
     assert res.makespan <= 110.0
     assert res.schedule.params["source"].startswith("heuristic:search:")
     assert "rule search" in res.schedule.params["phase_seconds"]
@@ -134,7 +138,9 @@ def test_solve_reports_the_searched_rule() -> None:
 def test_no_search_once_the_bound_proves_the_portfolio_optimal() -> None:
     # unlimited memory: the portfolio's ZB-H1-like greedy meets the bound (103); neither the
     # search nor the baselines (hints only) can do better
-    res = solve(_pb(8, 32, 1, None, 0.5), backend="heuristic", time_limit=60, workers=1)
+    res = solve(
+        _pb(8, 32, 1, None, 0.5), backend="heuristic", time_limit=UNBOUNDED_SECONDS, workers=1
+    )
     assert res.makespan == pytest.approx(103) and res.status == "optimal"
     phases = res.schedule.params["phase_seconds"]
     assert "rule search" not in phases and "baselines" not in phases

@@ -1,0 +1,50 @@
+"""Fixtures shared by every test folder.
+
+``deterministic_cpsat``: a test that asserts what the solver *reaches* (an optimum proven, a
+makespan found) must not depend on how fast the machine runs it. With this fixture every CP-SAT
+search stops on its deterministic time (the work it did), never on the wall clock: a search
+given ``max_time_in_seconds = T`` gets ``max_deterministic_time = min(T, its own, CAP)`` instead,
+one worker, and no wall-clock limit (``@pytest.mark.cpsat_cap(work)`` lowers ``CAP`` for a test
+whose solve runs many searches). Such a test also passes ``solve`` a time limit far beyond
+what it needs (``UNBOUNDED_SECONDS``), so no phase of ``solve`` (heuristics, baselines, steady
+bound, periodic patterns) is cut by the clock either; what each phase does is then the same on
+every machine, only slower or faster. Wall-clock behaviour (deadlines kept, stops honoured) is
+tested separately, with margins, in ``tests/solver/test_solver_deadline_*.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from solver_budget import DETERMINISTIC_CAP, UNBOUNDED_SECONDS
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cpsat_cap(work): with deterministic_cpsat, the most deterministic time of one search "
+        f"(default {DETERMINISTIC_CAP:g})",
+    )
+
+
+@pytest.fixture
+def deterministic_cpsat(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    from ortools.sat.python import cp_model
+
+    real = cp_model.CpSolver.solve
+    marker = request.node.get_closest_marker("cpsat_cap")
+    cap = float(marker.args[0]) if marker is not None else DETERMINISTIC_CAP
+
+    def solve(self: Any, model: Any, callback: Any = None) -> Any:
+        prm = self.parameters
+        prm.max_deterministic_time = min(prm.max_deterministic_time, prm.max_time_in_seconds, cap)
+        prm.max_time_in_seconds = 10 * UNBOUNDED_SECONDS
+        prm.num_workers = 1
+        return real(self, model, callback)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", solve)
+    yield
