@@ -94,6 +94,10 @@ class PipelineEngine:
         bounds = group_bounds(partition)
         self.bounds = bounds
         self._layer_hooks: list[Any] = []
+        # hand the loss out without waiting (the owner calls ``finish_loss_handout`` before the
+        # process group goes away; the strategy does)
+        self.async_loss = False
+        self._loss_handout: tuple[Any, torch.Tensor] | None = None  # (work, tensor) in flight
         self.layers = list(layers)
         self.local_groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
         self.local_modules: list[LayerChain] = []
@@ -154,19 +158,24 @@ class PipelineEngine:
                         cursor.layer_fwd[idx].append(time.perf_counter() - starts[idx])
                         if cursor.count_bytes:
                             cursor.layer_byte_samples[idx] += 1
+                        if idx not in cursor.layer_io:  # what it takes and gives (identity)
+                            cursor.layer_io[idx] = f"{_shapes(_a)}->{_shapes(_o)}"
                     cursor.current_layer = None
 
                 self._layer_hooks.append(layer.register_forward_pre_hook(pre))
                 self._layer_hooks.append(layer.register_forward_hook(post))
 
-    def layer_costs(self) -> dict[int, tuple[float, float]]:
-        """Per local layer: (forward + share of its chunk's backward) seconds, saved bytes/mb.
+    def layer_costs(self) -> dict[int, tuple[float, float, list[float], str]]:
+        """Per local layer: (forward + share of its chunk's backward) seconds, saved bytes per
+        microbatch, every timed forward scaled the same way (its spread), and its identity
+        (class, parameter and buffer shapes, input and output shapes: equal identities are
+        identical layers).
 
         A layer's backward is estimated as its chunk's measured B + W scaled by the layer's
         share of the chunk's forward time.
         """
         cur = self.cursor
-        out: dict[int, tuple[float, float]] = {}
+        out: dict[int, tuple[float, float, list[float], str]] = {}
         for c, g in enumerate(self.local_groups):
             f = cur.times.get(("F", c), [])
             bw = cur.times.get(("B", c), []) + cur.times.get(("W", c), [])
@@ -177,7 +186,17 @@ class PipelineEngine:
                 fwd = statistics.median(ts) if ts else 0.0
                 n_saved = cur.layer_byte_samples.get(idx, 0)
                 saved = cur.layer_bytes.get(idx, 0) / n_saved if n_saved else 0.0
-                out[idx] = (fwd * (1.0 + ratio), saved)
+                layer = self.layers[idx]
+                ident = "|".join(
+                    (
+                        type(layer).__qualname__,
+                        _shapes(list(layer.parameters())),
+                        _shapes(list(layer.buffers())),
+                        cur.layer_io.get(idx, "?"),
+                    )
+                )
+                scaled = [t * (1.0 + ratio) for t in ts]
+                out[idx] = (fwd * (1.0 + ratio), saved, scaled, ident)
         return out
 
     @property
@@ -224,6 +243,16 @@ class PipelineEngine:
         return self._broadcast_loss(losses)
 
     def _broadcast_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The batch's mean loss on every rank of the pipeline, from the rank that computed it.
+
+        With ``async_loss`` the sending rank does not wait for the others to take it: they may
+        still be running their last backwards, and waiting would push its optimizer update to
+        after theirs (two updates at once on shared cores and memory bandwidth, and no overlap
+        with the tail of the step). The hand-out completes in the background;
+        ``finish_loss_handout`` (at the next step, or at the end) waits for it. The receiving
+        ranks need the value now.
+        """
+        self.finish_loss_handout()
         m = self.problem.num_microbatches
         if self.pp_rank == self.last_rank:
             total = torch.stack([x.detach().float() for x in losses]).sum() / self.loss_scale / m
@@ -231,8 +260,21 @@ class PipelineEngine:
         else:
             loss = torch.zeros(1, device=self.device)
         if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
-            dist.broadcast(loss, group=self.pp_group, group_src=self.last_rank)
+            if self.pp_rank == self.last_rank and self.async_loss:
+                sent = loss.clone()  # the caller may change ``loss`` in place (replicas)
+                work = dist.broadcast(
+                    sent, group=self.pp_group, group_src=self.last_rank, async_op=True
+                )
+                self._loss_handout = (work, sent)
+            else:
+                dist.broadcast(loss, group=self.pp_group, group_src=self.last_rank)
         return loss[0]
+
+    def finish_loss_handout(self) -> None:
+        """Wait until the other ranks took the last loss this rank sent (see above)."""
+        pending, self._loss_handout = self._loss_handout, None
+        if pending is not None:
+            pending[0].wait()
 
     def switch(self, schedule: Schedule, problem: Problem | None = None) -> None:
         """Run ``schedule`` from the next step on (call on every rank at the same step boundary).
@@ -254,6 +296,17 @@ class PipelineEngine:
         self.cursor.set_actions(schedule.actions[self.pp_rank], waits[self.pp_rank])
         self.schedule = schedule
         self.problem = target
+
+
+def _shapes(x: Any) -> str:
+    """The shapes and dtypes of the tensors in ``x`` (nested tuples, lists, dicts)."""
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)}:{str(x.dtype).removeprefix('torch.')}"
+    if isinstance(x, tuple | list):
+        return "(" + ",".join(_shapes(v) for v in x) + ")"
+    if isinstance(x, dict):
+        return "{" + ",".join(f"{k}={_shapes(v)}" for k, v in sorted(x.items())) + "}"
+    return type(x).__name__
 
 
 def _to_device(x: Any, device: torch.device) -> Any:

@@ -118,6 +118,8 @@ class OptPipeStrategy(ParallelStrategy):
             the kernel and faulting it in again (steadier, faster op times; see
             ``host_allocator.py``); nothing is changed when ``MALLOC_*`` variables are set or
             another allocator is preloaded.
+        calibrate_budget: share of the training time calibrations may take (a calibration
+            waits until its cost is that share of the steps since the last); None: no limit.
     """
 
     strategy_name = "optpipe"
@@ -152,6 +154,7 @@ class OptPipeStrategy(ParallelStrategy):
         calibrate_every: int = 4,
         calibrate_min_steps: int = 8,
         tune_host_allocator: bool = True,
+        calibrate_budget: float | None = 0.005,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -181,6 +184,7 @@ class OptPipeStrategy(ParallelStrategy):
             calibrate_every=calibrate_every,
             calibrate_min_steps=calibrate_min_steps,
             tune_host_allocator=tune_host_allocator,
+            calibrate_budget=calibrate_budget,
         )
         self._start_method = start_method
         self._process_group_backend = process_group_backend
