@@ -1,0 +1,637 @@
+"""The strategy against torch.distributed.pipelining driven directly, schedule by schedule.
+
+Same model on both sides (``--layers`` x (Linear(``--width``) + GELU), batch ``--batch`` in
+``--microbatches`` microbatches, MSE loss, AdamW), ``--procs`` CPU processes over gloo with one
+thread each, glibc's allocator tuned the same way on both sides (``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` set for every process, the values ``tune_host_allocator`` uses; the
+strategy leaves the allocator alone when they are set). ``--allocator default`` runs both at
+glibc's defaults instead.
+
+- **torch**: every rank builds its ``PipelineStage`` (s) and torch's schedule class
+  (``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ``ScheduleZBVZeroBubble``,
+  ``ScheduleInterleavedZeroBubble``) and loops ``schedule.step``, ``optimizer.step``,
+  ``zero_grad``. All ranks are started at once with the environment ``torchrun`` sets.
+- **optpipe**: ``Trainer(strategy=OptPipeStrategy(schedule=...))`` on a LightningModule with the
+  same layers, started as a user starts it (``python script.py``: Lightning's launcher starts the
+  other ranks at ``fit()``; ``--optpipe-launch external`` starts all ranks at once like torch).
+  The strategy runs its own schedule of that name (same order as torch's for 1f1b, zbv and
+  interleaved-1f1b); ``interleaved-zb`` (no generator of ours) runs torch's order through the
+  strategy (``schedule_source``), as does every schedule with ``--optpipe-order torch``.
+  Progress bar, logger, checkpointing and model summary are off (the torch loop prints nothing);
+  the strategy's own defaults are kept (profiling steps, calibration, the run log in a fresh
+  SQLite file per run, loss logging), except that a named schedule runs no solver.
+- **default**: the strategy's default mode (``schedule="optimal"``: profiling, the best
+  baseline, the background solver and its switches), for ``--default-steps`` steps.
+
+Runs are interleaved: every round runs every configuration once, in a rotated order, each in
+fresh processes, so a change of machine load hits all of them alike; ratios are taken within a
+round and their median reported. Per run: the median step time on rank 0 (optimizer step to
+optimizer step) over the steps after ``--skip``, and its spread (interquartile range); the
+pipeline (``schedule.step`` / the runtime's step), the optimizer update and the rest ("around":
+loss hand-out, calibration, run log, Lightning's loop) per step; start-up (process launch to the
+end of the first optimizer step); peak RSS per rank. For the default mode: the time lost before
+its steady phase against the strategy's 1f1b of the same round, its steady gain per step, and
+the steps to break even.
+
+Usage::
+
+    python benchmarks/bench_vs_torch.py                       # the issue's setting, 3 rounds
+    python benchmarks/bench_vs_torch.py --quick               # small model, 1 round, smoke test
+    python benchmarks/bench_vs_torch.py --schedules 1f1b zbv --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TORCH_CLASSES = {
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zbv": "ScheduleZBVZeroBubble",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+}
+OWN_NAMES = {"1f1b": "1f1b", "interleaved-1f1b": "interleaved-1f1b", "zbv": "zbv"}
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30  # what strategy/host_allocator.py sets
+
+
+# ---- the model, the same on both sides ---------------------------------------------------------
+
+
+def make_layers(n: int, width: int) -> list[Any]:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(n)]
+
+
+def make_batch(batch: int, width: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+
+def mse(out: Any, y: Any) -> Any:
+    from torch.nn import functional
+
+    return functional.mse_loss(out, y)
+
+
+def placement(schedule: str, procs: int) -> tuple[int, str]:
+    """(chunks per rank, "interleaved" | "vshape") of a schedule."""
+    if schedule == "1f1b":
+        return 1, "interleaved"
+    return 2, "vshape" if schedule == "zbv" else "interleaved"
+
+
+def local_groups(schedule: str, procs: int, rank: int) -> list[int]:
+    v, place = placement(schedule, procs)
+    if v == 1:
+        return [rank]
+    if place == "vshape":
+        return [rank, 2 * procs - 1 - rank]
+    return [c * procs + rank for c in range(v)]
+
+
+def group_bounds(n_layers: int, n_groups: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n_layers, n_groups)
+    out, start = [], 0
+    for g in range(n_groups):
+        size = base + (1 if g < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def torch_order(schedule: str, procs: int, m: int) -> dict[int, list[Any]]:
+    """torch's compute order of ``schedule`` (its class's ``pipeline_order``), built on
+    stand-in stages (no process group needed); 1F1B's hand-written loop as its order."""
+    from unittest import mock
+
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as sch
+
+    if schedule == "1f1b":
+        order: dict[int, list[Any]] = {}
+        for r in range(procs):
+            warm = min(m, procs - r)
+            row = [sch._Action(r, sch.FORWARD, i) for i in range(warm)]
+            f, b = warm, 0
+            while b < m:
+                row.append(sch._Action(r, sch.FULL_BACKWARD, b))
+                b += 1
+                if f < m:
+                    row.append(sch._Action(r, sch.FORWARD, f))
+                    f += 1
+            order[r] = row
+        return order
+    cls = getattr(sch, TORCH_CLASSES[schedule])
+    v, _ = placement(schedule, procs)
+    stages = []
+    for g in local_groups(schedule, procs, 0):
+        st = mock.create_autospec(PipelineStage, instance=True)
+        st.group_rank, st.group_size, st.num_stages, st.stage_index = 0, procs, procs * v, g
+        st.submod, st.is_first, st.is_last = None, g == 0, g == procs * v - 1
+        stages.append(st)
+    built = cls(stages, m, loss_fn=mse)
+    return {r: [a for a in row if a is not None] for r, row in built.pipeline_order.items()}
+
+
+def order_as_schedule(problem: Any, order: dict[int, list[Any]]) -> Any:
+    """torch's order as our ``Schedule`` (F -> F, I -> B, W -> W, full B -> BW)."""
+    from torch.distributed.pipelining import schedules as sch
+
+    from optpipe_lightning.schedule import Action, Schedule
+
+    ops = {sch.FORWARD: "F", sch.BACKWARD_INPUT: "B", sch.BACKWARD_WEIGHT: "W"}
+    ops[sch.FULL_BACKWARD] = "BW"
+    chunk_of = {
+        problem.group_of(s, c): (s, c)
+        for s in range(problem.num_stages)
+        for c in range(problem.num_chunks)
+    }
+    rows: list[list[Action]] = [[] for _ in range(problem.num_stages)]
+    for _rank, row in sorted(order.items()):
+        for a in row:
+            op = ops.get(a.computation_type)
+            if op is None:
+                continue
+            s, c = chunk_of[a.stage_index]
+            rows[s].append(Action(op=op, mb=a.microbatch_index, chunk=c))
+    return Schedule(problem_hash=problem.hash, generator="torch-order", actions=rows)
+
+
+# ---- one run's child processes ---------------------------------------------------------------
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def torch_child(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as sch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layers = make_layers(args.layers, args.width)
+    v, _ = placement(args.schedule, world)
+    bounds = group_bounds(args.layers, world * v)
+    mods = [
+        torch.nn.Sequential(*layers[slice(*bounds[g])])
+        for g in local_groups(args.schedule, world, rank)
+    ]
+    stages = [
+        PipelineStage(mod, g, world * v, torch.device("cpu"))
+        for mod, g in zip(mods, local_groups(args.schedule, world, rank), strict=True)
+    ]
+    cls = getattr(sch, TORCH_CLASSES[args.schedule])
+    sched = cls(stages[0] if v == 1 else stages, args.microbatches, loss_fn=mse)
+    opt = torch.optim.AdamW([p for m in mods for p in m.parameters()], lr=1e-4)
+    x, y = make_batch(args.batch, args.width)
+    first = any(s.is_first for s in stages)
+    last = any(s.is_last for s in stages)
+    steps: list[dict[str, float]] = []
+    t_first = None
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        losses: list[Any] = []
+        kw: dict[str, Any] = {"target": y, "losses": losses} if last else {}
+        if first:
+            sched.step(x, **kw)
+        else:
+            sched.step(**kw)
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        if t_first is None:
+            t_first = time.time()
+        steps.append({"end": t2, "pipeline": t1 - t0, "optimizer": t2 - t1})
+    _write(args, rank, steps, t_first, {})
+    dist.destroy_process_group()
+
+
+def optpipe_child(args: argparse.Namespace) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    import optpipe_lightning.strategy.engine as engine_mod
+    from optpipe_lightning.strategy import PipelineSpec
+    from optpipe_lightning.strategy.scheduling import Scheduler
+    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+
+    acc: dict[str, float] = {"pipeline": 0.0, "loss": 0.0, "boundary": 0.0, "optimizer": 0.0}
+    backward_end = [0.0]  # Lightning runs the step inside ``optimizer.step(closure)``
+
+    def timed(fn: Any, key: str) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[key] += time.perf_counter() - t0
+
+        return wrapper
+
+    # the breakdown: torch's runtime step, the loss hand-out, the boundary (calibration, run
+    # log, re-solve), the optimizer update (its step hooks)
+    engine_mod.run_step = timed(engine_mod.run_step, "pipeline")
+    for cls, name, key in (
+        (engine_mod.PipelineEngine, "_broadcast_loss", "loss"),
+        (Scheduler, "at_boundary", "boundary"),
+    ):
+        if hasattr(cls, name):
+            setattr(cls, name, timed(getattr(cls, name), key))
+    strategy_backward = OptPipeStrategy.backward
+
+    def backward(self: Any, *a: Any, **k: Any) -> Any:
+        out = strategy_backward(self, *a, **k)
+        backward_end[0] = time.perf_counter()
+        return out
+
+    OptPipeStrategy.backward = backward  # type: ignore[method-assign]
+
+    class OneBatch(Dataset):
+        """The same batch every step, no collation (torch's loop reuses one tensor too)."""
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+            self.xy = make_batch(args.batch, args.width)
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __getitem__(self, i: int) -> Any:
+            return self.xy
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(make_layers(args.layers, args.width))
+
+        def configure_pipeline(self) -> PipelineSpec:
+            return PipelineSpec(layers=list(self.blocks), loss_fn=mse)
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+            def after_update(*_: Any) -> None:  # the update: from the closure's end
+                acc["optimizer"] += time.perf_counter() - backward_end[0]
+
+            opt.register_step_post_hook(after_update)
+            return opt
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(OneBatch(args.steps), batch_size=None)
+
+    steps: list[dict[str, Any]] = []
+    first: list[float] = []
+
+    prof: Any = None
+    if args.cprofile:
+        import cProfile
+
+        prof = cProfile.Profile(time.thread_time)  # CPU time: load on the machine moves it less
+
+    class Clock(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
+            if not first:
+                first.append(time.time())
+            if prof is not None and len(steps) == args.skip:
+                prof.enable()
+            sched = trainer.strategy.scheduler
+            row: dict[str, Any] = {"end": time.perf_counter(), **acc}
+            row["schedule"] = sched.engine.schedule.generator if sched and sched.engine else ""
+            row["solving"] = bool(sched is not None and sched.resolve.active)
+            steps.append(row)
+            for k in acc:
+                acc[k] = 0.0
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(os.path.join(args.cprofile, f"rank{trainer.global_rank}.prof"))
+            extra = {
+                "switches": [
+                    {k: s[k] for k in ("step", "from", "to", "reason")}
+                    for s in trainer.strategy.switches
+                ]
+            }
+            _write(args, trainer.global_rank, steps, first[0] if first else None, extra)
+
+    name = args.schedule
+    kwargs: dict[str, Any] = {"num_microbatches": args.microbatches}
+    if name == "optimal":
+        kwargs["solver_time_limit"] = args.solver_time_limit
+    elif name in OWN_NAMES and args.optpipe_order == "own":
+        kwargs["schedule"] = OWN_NAMES[name]
+    else:
+        order = torch_order(name, args.procs, args.microbatches)
+        kwargs.update(
+            schedule="optimal",
+            num_chunks=placement(name, args.procs)[0],
+            online_resolve=False,
+            schedule_source=lambda problem: order_as_schedule(problem, order),
+        )
+        if placement(name, args.procs)[1] == "vshape":
+            raise SystemExit("--optpipe-order torch for zbv: use --optpipe-order own (same order)")
+    if args.allocator == "default":
+        kwargs["tune_host_allocator"] = False
+    kwargs["database"] = f"sqlite:///{args.out}/runs.db"
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=args.procs,
+        max_steps=args.steps,
+        strategy=OptPipeStrategy(**kwargs),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=[Clock()],
+    )
+    trainer.fit(Model())
+
+
+def _write(
+    args: argparse.Namespace,
+    rank: int,
+    steps: list[dict[str, Any]],
+    t_first: float | None,
+    extra: dict[str, Any],
+) -> None:
+    info = {"rank": rank, "steps": steps, "t_first": t_first, "rss_mb": _rss_mb(), **extra}
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps(info))
+
+
+# ---- the driver --------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> dict[str, Any]:
+    """One run in fresh processes; its per-rank records, start-up and RSS."""
+    with tempfile.TemporaryDirectory(prefix="optpipe-bench-") as out:
+        env = dict(os.environ)
+        env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        if args.allocator == "tuned":
+            env.update(
+                MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+                MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD),
+            )
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--schedule", schedule]
+        cmd += ["--out", out, "--steps", str(steps), "--procs", str(args.procs)]
+        for k in ("layers", "width", "batch", "microbatches", "solver_time_limit", "allocator"):
+            cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+        cmd += ["--optpipe-order", args.optpipe_order]
+        external = side == "torch" or args.optpipe_launch == "external"
+        ranks = range(args.procs) if external else range(1)
+        t0 = time.time()
+        procs = []
+        for r in ranks:
+            e = dict(env, OPTPIPE_BENCH_T0=repr(t0))
+            if external:
+                e.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.procs), NODE_RANK="0")
+            procs.append(
+                subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+        logs = []
+        for p in procs:
+            try:
+                text, _ = p.communicate(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                text, _ = p.communicate()
+            logs.append(text.decode(errors="replace"))
+            if p.returncode != 0:
+                for q in procs:
+                    q.kill()
+                raise RuntimeError(f"{side}/{schedule} failed:\n" + "\n".join(logs)[-4000:])
+        ranks_out = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.procs)]
+    return {"side": side, "schedule": schedule, "t0": t0, "ranks": ranks_out}
+
+
+def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
+    """Rank 0's step times after ``skip`` (optimizer step to optimizer step) and the parts."""
+    r0 = run["ranks"][0]
+    ends = [s["end"] for s in r0["steps"]]
+    steps = [b - a for a, b in itertools.pairwise(ends)]  # step i+1's time
+    rows = r0["steps"][1:]
+    keep = list(range(max(0, skip - 1), len(steps)))
+    if not keep:
+        raise ValueError("no steps left after --skip; raise --steps")
+    wall = [steps[i] for i in keep]
+    parts: dict[str, float] = {}
+    for key in ("pipeline", "optimizer", "loss", "boundary"):
+        parts[key] = statistics.median(rows[i].get(key, 0.0) for i in keep)
+    around = [
+        steps[i] - rows[i]["pipeline"] - rows[i]["optimizer"] - rows[i].get("loss", 0.0)
+        for i in keep
+    ]
+    q = statistics.quantiles(wall, n=4) if len(wall) >= 2 else [wall[0]] * 3
+    return {
+        "median": statistics.median(wall),
+        "iqr": q[2] - q[0],
+        "min": min(wall),
+        "max": max(wall),
+        "n": len(wall),
+        "around": statistics.median(around),
+        "startup": (r0["t_first"] - run["t0"]) if r0["t_first"] else None,
+        "rss_mb": [r["rss_mb"] for r in run["ranks"]],
+        **parts,
+    }
+
+
+def default_mode(run: dict[str, Any], ref_step: float, skip: int) -> dict[str, Any]:
+    """The default mode against a reference step time: time lost before its steady phase
+    (the steps up to the last switch or the solver's end), steady gain, steps to break even."""
+    r0 = run["ranks"][0]
+    ends = [s["end"] for s in r0["steps"]]
+    steps = [b - a for a, b in itertools.pairwise(ends)]
+    rows = r0["steps"][1:]
+    last_switch = max((s["step"] for s in r0.get("switches", [])), default=0)
+    solving = [i for i, row in enumerate(rows) if row.get("solving")]
+    settle = max(last_switch, (solving[-1] + 2) if solving else 0) + skip
+    settle = min(settle, max(0, len(steps) - 3))
+    steady = statistics.median(steps[settle:])
+    lost = sum(s - ref_step for s in steps[:settle])
+    gain = ref_step - steady
+    return {
+        "steps_before_steady": settle,
+        "steps_overlapping_solver": len(solving),
+        "median_while_solving": statistics.median([steps[i] for i in solving]) if solving else None,
+        "steady": steady,
+        "reference": ref_step,
+        "time_lost": lost,
+        "gain_per_step": gain,
+        "break_even_steps": (lost / gain) if gain > 0 else None,
+        "switches": r0.get("switches", []),
+        "startup": (r0["t_first"] - run["t0"]) if r0["t_first"] else None,
+    }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--schedules", nargs="+", default=list(TORCH_CLASSES), choices=list(TORCH_CLASSES)
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    ap.add_argument("--skip", type=int, default=8, help="steps left out of the medians (start)")
+    ap.add_argument(
+        "--default-steps", type=int, default=0, help="steps of the default-mode run (0: none)"
+    )
+    ap.add_argument("--solver-time-limit", type=float, default=30.0)
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
+    ap.add_argument("--optpipe-launch", choices=("lightning", "external"), default="lightning")
+    ap.add_argument("--optpipe-order", choices=("own", "torch"), default="own")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
+    ap.add_argument("--json", default=None, help="also write every run's records here")
+    ap.add_argument("--child", choices=("torch", "optpipe"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--cprofile", default="", help="with --child optpipe: cProfile (CPU time) after --skip"
+    )
+    args = ap.parse_args()
+    if args.child == "torch":
+        return torch_child(args)
+    if args.child == "optpipe":
+        return optpipe_child(args)
+    if args.quick:
+        args.layers, args.width, args.batch, args.rounds = 4, 256, 64, 1
+        args.steps, args.skip = min(args.steps, 16), min(args.skip, 5)
+    configs = [(side, s) for s in args.schedules for side in ("torch", "optpipe")]
+    if args.default_steps:
+        configs.append(("optpipe", "optimal"))
+    print(
+        f"{args.procs} CPU processes (gloo, 1 thread each), {args.layers} x (Linear({args.width}) "
+        f"+ GELU), batch {args.batch} in {args.microbatches} microbatches, AdamW; allocator "
+        f"{args.allocator} on both sides; optpipe launched by {args.optpipe_launch}, order "
+        f"{args.optpipe_order}; {args.rounds} rounds x {len(configs)} runs; load {_loadavg()}",
+        flush=True,
+    )
+    runs: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        k = rnd % len(configs)
+        for side, sched in configs[k:] + configs[:k]:
+            steps = args.default_steps if sched == "optimal" else args.steps
+            run = run_once(args, side, sched, steps)
+            run["round"], run["load"] = rnd, _loadavg()
+            if sched != "optimal":
+                run["summary"] = summarize(run, args.skip)
+                s = run["summary"]
+                print(
+                    f"  round {rnd} {side:<7} {sched:<16} step {1e3 * s['median']:7.1f} ms "
+                    f"(IQR {1e3 * s['iqr']:5.1f}) pipeline {1e3 * s['pipeline']:6.1f} optimizer "
+                    f"{1e3 * s['optimizer']:5.1f} loss {1e3 * s['loss']:5.1f} around "
+                    f"{1e3 * s['around']:5.1f} start-up {s['startup']:5.2f} s RSS "
+                    f"{'/'.join(f'{x:.0f}' for x in s['rss_mb'])} MB  load {run['load']}",
+                    flush=True,
+                )
+            runs.append(run)
+    report(args, runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}))
+
+
+def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    def runs_of(side: str, sched: str) -> list[dict[str, Any]]:
+        return [r for r in runs if r["side"] == side and r["schedule"] == sched]
+
+    print(
+        "\n| schedule | torch step (ms) | optpipe step (ms) | ratio (median of rounds; range) "
+        "| pipeline torch / optpipe | optimizer torch / optpipe | around torch / optpipe "
+        "(loss) | start-up torch / optpipe (s) | peak RSS torch / optpipe (MB, ranks) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+    for sched in args.schedules:
+        t, o = runs_of("torch", sched), runs_of("optpipe", sched)
+        if not t or not o:
+            continue
+        ratios = [
+            b["summary"]["median"] / a["summary"]["median"]
+            for a in t
+            for b in o
+            if a["round"] == b["round"]
+        ]
+        ts, os_ = [r["summary"] for r in t], [r["summary"] for r in o]
+
+        def m(xs: list[dict[str, Any]], k: str, scale: float = 1e3) -> float:
+            return scale * med(x[k] for x in xs if x[k] is not None)
+
+        def rss(xs: list[dict[str, Any]]) -> str:
+            return "/".join(f"{med(x['rss_mb'][i] for x in xs):.0f}" for i in range(args.procs))
+
+        print(
+            f"| {sched} | {m(ts, 'median'):.1f} (IQR {m(ts, 'iqr'):.1f}) | {m(os_, 'median'):.1f} "
+            f"(IQR {m(os_, 'iqr'):.1f}) | {med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
+            f"| {m(ts, 'pipeline'):.1f} / {m(os_, 'pipeline'):.1f} | {m(ts, 'optimizer'):.1f} / "
+            f"{m(os_, 'optimizer'):.1f} | {m(ts, 'around'):.1f} / {m(os_, 'around'):.1f} "
+            f"({m(os_, 'loss'):.1f}) | {m(ts, 'startup', 1):.2f} / {m(os_, 'startup', 1):.2f} "
+            f"| {rss(ts)} / {rss(os_)} |"
+        )
+    defaults = runs_of("optpipe", "optimal")
+    for r in defaults:
+        refs = [
+            x["summary"]["median"] for x in runs_of("optpipe", "1f1b") if x["round"] == r["round"]
+        ]
+        if not refs:
+            refs = [
+                x["summary"]["median"] for x in runs_of("torch", "1f1b") if x["round"] == r["round"]
+            ]
+        if not refs:
+            print("default mode: no 1f1b run in its round to compare with")
+            continue
+        d = default_mode(r, refs[0], args.skip)
+        r["default_mode"] = d
+        be = d["break_even_steps"]
+        print(
+            f"default mode, round {r['round']}: start-up {d['startup']:.2f} s; steady after step "
+            f"{d['steps_before_steady']} ({d['steps_overlapping_solver']} steps overlapped the "
+            f"solver, median {1e3 * (d['median_while_solving'] or 0):.1f} ms); steady "
+            f"{1e3 * d['steady']:.1f} ms vs 1f1b {1e3 * d['reference']:.1f} ms; time lost "
+            f"{d['time_lost']:.2f} s; gain {1e3 * d['gain_per_step']:.1f} ms/step; break-even "
+            f"{'never' if be is None else f'{be:.0f} steps'}; switches "
+            + "; ".join(f"{s['step']}: {s['from']} -> {s['to']}" for s in d["switches"])
+        )
+
+
+if __name__ == "__main__":
+    main()
