@@ -13,7 +13,9 @@ glibc's defaults instead.
   ``zero_grad``. All ranks are started at once with the environment ``torchrun`` sets.
 - **optpipe**: ``Trainer(strategy=OptPipeStrategy(schedule=...))`` on a LightningModule with the
   same layers, started as a user starts it (``python script.py``: Lightning's launcher starts the
-  other ranks at ``fit()``; ``--optpipe-launch external`` starts all ranks at once like torch).
+  other ranks at ``fit()``; ``--optpipe-launch direct`` starts all ranks at once like torch,
+  ``torchrun`` through torch's launcher). torch's ranks are started at once (``--torch-launch
+  direct``, the environment torchrun sets, without its agent) or by ``torchrun``.
   The strategy runs its own schedule of that name (same order as torch's for 1f1b, zbv and
   interleaved-1f1b); ``interleaved-zb`` (no generator of ours) runs torch's order through the
   strategy (``schedule_source``), as does every schedule with ``--optpipe-order torch``.
@@ -177,6 +179,17 @@ def order_as_schedule(problem: Any, order: dict[int, list[Any]]) -> Any:
 # ---- one run's child processes ---------------------------------------------------------------
 
 
+def process_start() -> float:
+    """This process's start (epoch seconds, 10 ms resolution), from /proc (else now)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # seconds after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - started)
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -187,8 +200,10 @@ def torch_child(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as sch
 
+    timeline = {"start": process_start(), "imported": time.time()}
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    timeline["connected"] = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     layers = make_layers(args.layers, args.width)
     v, _ = placement(args.schedule, world)
@@ -209,6 +224,7 @@ def torch_child(args: argparse.Namespace) -> None:
     last = any(s.is_last for s in stages)
     steps: list[dict[str, float]] = []
     t_first = None
+    timeline["first_begin"] = time.time()
     for _ in range(args.steps):
         t0 = time.perf_counter()
         losses: list[Any] = []
@@ -224,11 +240,15 @@ def torch_child(args: argparse.Namespace) -> None:
         if t_first is None:
             t_first = time.time()
         steps.append({"end": t2, "pipeline": t1 - t0, "optimizer": t2 - t1})
-    _write(args, rank, steps, t_first, {})
+    _write(args, rank, steps, t_first, {"timeline": timeline})
     dist.destroy_process_group()
 
 
 def optpipe_child(args: argparse.Namespace) -> None:
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -238,6 +258,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
     from optpipe_lightning.strategy.scheduling import Scheduler
     from optpipe_lightning.strategy.strategy import OptPipeStrategy
 
+    timeline = {"start": process_start(), "imported": time.time()}
     acc: dict[str, float] = {"pipeline": 0.0, "loss": 0.0, "boundary": 0.0, "optimizer": 0.0}
     backward_end = [0.0]  # Lightning runs the step inside ``optimizer.step(closure)``
 
@@ -312,6 +333,12 @@ def optpipe_child(args: argparse.Namespace) -> None:
         prof = cProfile.Profile(time.thread_time)  # CPU time: load on the machine moves it less
 
     class Clock(pl.Callback):
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            timeline["connected"] = time.time()  # process group up, before the strategy's setup
+
+        def on_train_batch_start(self, trainer: Any, *a: Any) -> None:
+            timeline.setdefault("first_begin", time.time())
+
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             if not first:
                 first.append(time.time())
@@ -330,10 +357,16 @@ def optpipe_child(args: argparse.Namespace) -> None:
                 prof.disable()
                 prof.dump_stats(os.path.join(args.cprofile, f"rank{trainer.global_rank}.prof"))
             extra = {
+                "timeline": timeline,
+                "heavy_imports": sorted(
+                    m
+                    for m in ("ortools", "sqlalchemy", "alembic", "scipy", "pandas", "highspy")
+                    if m in sys.modules
+                ),
                 "switches": [
                     {k: s[k] for k in ("step", "from", "to", "reason")}
                     for s in trainer.strategy.switches
-                ]
+                ],
             }
             _write(args, trainer.global_rank, steps, first[0] if first else None, extra)
 
@@ -368,6 +401,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
         use_distributed_sampler=False,
         callbacks=[Clock()],
     )
+    timeline["fit"] = time.time()
     trainer.fit(Model())
 
 
@@ -405,15 +439,21 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
         cmd += ["--out", out, "--steps", str(steps), "--procs", str(args.procs)]
         for k in ("layers", "width", "batch", "microbatches", "solver_time_limit", "allocator"):
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-        cmd += ["--optpipe-order", args.optpipe_order]
-        external = side == "torch" or args.optpipe_launch == "external"
-        ranks = range(args.procs) if external else range(1)
+        cmd += ["--optpipe-order", args.optpipe_order] + (["--verbose"] if args.verbose else [])
+        launch = args.torch_launch if side == "torch" else args.optpipe_launch
         t0 = time.time()
         procs = []
-        for r in ranks:
-            e = dict(env, OPTPIPE_BENCH_T0=repr(t0))
-            if external:
+        if launch == "torchrun":  # torch's launcher: an agent process starts every rank
+            run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            run += [f"--nproc-per-node={args.procs}", *cmd[1:]]
+            procs.append(
+                subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+        for r in range(args.procs if launch == "direct" else 1 if launch == "lightning" else 0):
+            e = dict(env)
+            if launch == "direct":  # every rank at once, with the environment torchrun sets
                 e.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.procs), NODE_RANK="0")
+                e.update(LOCAL_WORLD_SIZE=str(args.procs))
             procs.append(
                 subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             )
@@ -459,6 +499,9 @@ def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
         "n": len(wall),
         "around": statistics.median(around),
         "startup": (r0["t_first"] - run["t0"]) if r0["t_first"] else None,
+        "timeline": [
+            {k: v - run["t0"] for k, v in r.get("timeline", {}).items()} for r in run["ranks"]
+        ],
         "rss_mb": [r["rss_mb"] for r in run["ranks"]],
         **parts,
     }
@@ -517,10 +560,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
-    ap.add_argument("--optpipe-launch", choices=("lightning", "external"), default="lightning")
+    ap.add_argument(
+        "--optpipe-launch", choices=("lightning", "direct", "torchrun"), default="lightning"
+    )
+    ap.add_argument("--torch-launch", choices=("direct", "torchrun"), default="direct")
     ap.add_argument("--optpipe-order", choices=("own", "torch"), default="own")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
+    ap.add_argument("--verbose", action="store_true", help="the strategy's INFO log (child output)")
     ap.add_argument("--json", default=None, help="also write every run's records here")
     ap.add_argument("--child", choices=("torch", "optpipe"), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
@@ -542,7 +589,8 @@ def main() -> None:
     print(
         f"{args.procs} CPU processes (gloo, 1 thread each), {args.layers} x (Linear({args.width}) "
         f"+ GELU), batch {args.batch} in {args.microbatches} microbatches, AdamW; allocator "
-        f"{args.allocator} on both sides; optpipe launched by {args.optpipe_launch}, order "
+        f"{args.allocator} on both sides; launched by {args.torch_launch} (torch) and "
+        f"{args.optpipe_launch} (optpipe), optpipe order "
         f"{args.optpipe_order}; {args.rounds} rounds x {len(configs)} runs; load {_loadavg()}",
         flush=True,
     )
@@ -562,6 +610,14 @@ def main() -> None:
                     f"{1e3 * s['optimizer']:5.1f} loss {1e3 * s['loss']:5.1f} around "
                     f"{1e3 * s['around']:5.1f} start-up {s['startup']:5.2f} s RSS "
                     f"{'/'.join(f'{x:.0f}' for x in s['rss_mb'])} MB  load {run['load']}",
+                    flush=True,
+                )
+                print(
+                    "      start-up, s after launch: "
+                    + " | ".join(
+                        f"rank {r}: " + " ".join(f"{k} {v:.2f}" for k, v in tl.items())
+                        for r, tl in enumerate(s["timeline"])
+                    ),
                     flush=True,
                 )
             runs.append(run)

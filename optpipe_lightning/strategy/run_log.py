@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -30,6 +31,45 @@ log = logging.getLogger(__name__)
 
 MAX_FAILURES = 3  # failed database calls in a row before the link is switched off
 FLUSH_SECONDS = 10.0  # buffered step records are written at most this long after their step
+
+
+_prefetched: dict[str | None, tuple[threading.Thread, list[Any]]] = {}
+
+
+def prefetch_database(url: str | None) -> None:
+    """Open the database in a thread of its own (SQLAlchemy's import and the migrations take
+    about a second): called while this process waits for the other ranks to start, it is
+    ready when the first step needs it. ``RunLog`` takes it over."""
+    if url in _prefetched:
+        return
+    box: list[Any] = []
+
+    def open_it() -> None:
+        try:
+            from ..profiles_db import open_database
+
+            box.append(open_database(url))
+        except Exception as e:  # reported by RunLog, like a failure to open there
+            box.append(e)
+
+    thread = threading.Thread(target=open_it, name="optpipe-open-database", daemon=True)
+    _prefetched[url] = (thread, box)
+    thread.start()
+
+
+def _open(url: str | None) -> Any:
+    """The database at ``url``: the prefetched one if there is one (raises what opening it
+    raised)."""
+    pre = _prefetched.pop(url, None)
+    if pre is None:
+        from ..profiles_db import open_database
+
+        return open_database(url)
+    pre[0].join()
+    result = pre[1][0] if pre[1] else RuntimeError("opening the database did not finish")
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def as_run(schedule: Schedule, problem: Problem) -> Schedule:
@@ -62,9 +102,7 @@ class RunLog:
         if not enabled:
             return
         try:
-            from ..profiles_db import open_database
-
-            self.db = open_database(url)
+            self.db = _open(url)
         except Exception as e:
             if required:
                 raise RuntimeError(f"optpipe: cannot open the database {url!r}: {e}") from e

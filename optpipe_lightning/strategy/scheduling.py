@@ -376,12 +376,11 @@ class Scheduler:
             except Exception:  # unknown length: count on many steps
                 total = math.inf
             self._total_steps = total if total > 0 else math.inf
-        step = (
-            statistics.median(self._walls)
-            if self._walls
-            else (self.predicted or 0.0) * count
-            + (statistics.median(self._outside) if self._outside else 0.0)
-        )
+        if len(self._walls) >= 3:  # measured (the first after a switch carries the switch)
+            step = statistics.median(self._walls)
+        else:
+            outside = statistics.median(self._outside) if self._outside else 0.0
+            step = (self.predicted or 0.0) * count + outside
         local = os.environ.get("LOCAL_WORLD_SIZE")
         world = self.comm.num_stages * self.comm.data_parallel
         return RunContext(

@@ -61,6 +61,7 @@ from .options import (
 )
 from .partition import balanced_partition, validate_partition
 from .process_groups import PipelineComm, make_groups
+from .run_log import prefetch_database
 from .scheduling import Scheduler
 from .step import (
     GradientHandover,
@@ -313,6 +314,8 @@ class OptPipeStrategy(ParallelStrategy):
             _get_default_process_group_backend_for_device(self.root_device)
         )
         assert self.cluster_environment is not None
+        if self.global_rank == 0 and self.options.use_database:
+            prefetch_database(self.options.database)  # while the other ranks start (run_log.py)
         kwargs: dict[str, Any] = {"timeout": self._timeout}
         if self.root_device.type != "cpu":
             kwargs["device_id"] = self.root_device

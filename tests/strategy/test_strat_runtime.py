@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.schedule import Problem, Schedule, simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.strategy.calibration import StepSampler, budget_interval
 from optpipe_lightning.strategy.contract import PipelineSpec
@@ -325,3 +325,37 @@ def test_run_log_survives_a_failed_write(tmp_path: Path, monkeypatch: pytest.Mon
     log.record_step(2, 0.3, None, [])
     log.finish("finished")
     assert log.active and log.pending_steps == 0 and calls[0] == 3
+
+
+def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
+    """The solver child: a fresh interpreter at nice 19 (no torch import), incumbents back as
+    schedule JSON, the best one beating GPipe by min_gain becomes a switch."""
+    import os
+    import time
+
+    from optpipe_lightning.strategy.resolve import SOLVER_NICE, BackgroundSolver
+
+    problem = Problem(num_stages=4, num_microbatches=8, t_f=0.01, t_b=0.01, t_w=0.01)
+    gpipe = generate("gpipe", problem)
+    span = float(simulate(problem, gpipe.actions).makespan or 0.0)
+    solver = BackgroundSolver(problem, span, time_limit=1.0, start_method="spawn", workers=1)
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        seen = base
+        deadline = time.monotonic() + 60
+        while solver.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen = os.getpriority(os.PRIO_PROCESS, solver.proc.pid)
+            except OSError:  # exited between the two calls
+                break
+            if seen != base:
+                break
+            time.sleep(0.01)
+        assert seen == min(base + SOLVER_NICE, 19)
+        assert solver.proc.wait(timeout=60) == 0
+        decisions = [solver.poll() for _ in range(3)]
+    finally:
+        solver.stop()
+    assert decisions[0].kind == "switch" and decisions[-1].kind == "done"
+    best = simulate(problem, Schedule.from_json(decisions[0].schedule_json).actions).makespan
+    assert best is not None and best < span * 0.99
