@@ -529,7 +529,8 @@ def default_mode(run: dict[str, Any], ref_step: float, skip: int) -> dict[str, A
         "reference": ref_step,
         "time_lost": lost,
         "gain_per_step": gain,
-        "break_even_steps": (lost / gain) if gain > 0 else None,
+        # steps of the steady phase that pay the time lost back (0: nothing to pay back)
+        "break_even_steps": max(0.0, lost / gain) if gain > 0 else (0.0 if lost <= 0 else None),
         "switches": r0.get("switches", []),
         "startup": (r0["t_first"] - run["t0"]) if r0["t_first"] else None,
     }

@@ -359,3 +359,78 @@ def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
     assert decisions[0].kind == "switch" and decisions[-1].kind == "done"
     best = simulate(problem, Schedule.from_json(decisions[0].schedule_json).actions).makespan
     assert best is not None and best < span * 0.99
+
+
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        "cpu",
+        pytest.param(
+            "gpu",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_run_log_of_a_fit_has_every_step_and_its_prediction(
+    tmp_path: Path, accelerator: str
+) -> None:
+    """One stage on one device through Lightning: every step in the run log, against the whole
+    step's prediction; on a GPU with every step's peak memory (gathered every 16 steps)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from optpipe_lightning.profiles_db import open_database
+    from optpipe_lightning.profiles_db import repository as repo
+    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+
+    class Small(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+        def configure_pipeline(self) -> PipelineSpec:
+            return PipelineSpec(layers=list(self.blocks), loss_fn=nn.functional.mse_loss)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> DataLoader:
+            x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+            return DataLoader(TensorDataset(x, x), batch_size=8)
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    strategy = OptPipeStrategy(
+        num_stages=1,
+        num_microbatches=2,
+        schedule="1f1b",
+        profile_steps=1,
+        database=url,
+        online_resolve=False,
+        repartition=False,
+    )
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        strategy=strategy,
+        max_steps=20,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Small())
+    db = open_database(url)
+    with db.session() as s:
+        run = repo.list_training_runs(s)[0]
+        steps = repo.training_steps(s, run.id)
+    db.close()
+    assert [st.step for st in steps] == list(range(1, 21))  # (run.status: issue 23)
+    assert all(st.predicted_seconds is None for st in steps[:2])  # profiling
+    assert all(st.predicted_seconds and st.measured_seconds > 0 for st in steps[2:])
+    if accelerator == "gpu":
+        assert all(len(st.peak_memory) == 1 and st.peak_memory[0] > 0 for st in steps)
+    else:
+        assert all(st.peak_memory == () for st in steps)
