@@ -440,6 +440,11 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
         for k in ("layers", "width", "batch", "microbatches", "solver_time_limit", "allocator"):
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         cmd += ["--optpipe-order", args.optpipe_order] + (["--verbose"] if args.verbose else [])
+        if side == "base":  # the strategy from another checkout (--compare-code)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [os.path.abspath(args.compare_code), env.get("PYTHONPATH", "")]
+            )
+            cmd[cmd.index("--child") + 1] = "optpipe"
         launch = args.torch_launch if side == "torch" else args.optpipe_launch
         t0 = time.time()
         procs = []
@@ -567,6 +572,12 @@ def main() -> None:
     ap.add_argument("--torch-launch", choices=("direct", "torchrun"), default="direct")
     ap.add_argument("--optpipe-order", choices=("own", "torch"), default="own")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    ap.add_argument(
+        "--compare-code",
+        default="",
+        help="also run the strategy from this directory (holding optpipe_lightning: an older "
+        "checkout), interleaved with the rest, as side 'base'",
+    )
     ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
     ap.add_argument("--verbose", action="store_true", help="the strategy's INFO log (child output)")
     ap.add_argument("--json", default=None, help="also write every run's records here")
@@ -584,7 +595,8 @@ def main() -> None:
     if args.quick:
         args.layers, args.width, args.batch, args.rounds = 4, 256, 64, 1
         args.steps, args.skip = min(args.steps, 16), min(args.skip, 5)
-    configs = [(side, s) for s in args.schedules for side in ("torch", "optpipe")]
+    sides = ("torch", "optpipe", "base") if args.compare_code else ("torch", "optpipe")
+    configs = [(side, s) for s in args.schedules for side in sides]
     if args.default_steps:
         configs.append(("optpipe", "optimal"))
     print(
@@ -632,38 +644,41 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
         return [r for r in runs if r["side"] == side and r["schedule"] == sched]
 
     print(
-        "\n| schedule | torch step (ms) | optpipe step (ms) | ratio (median of rounds; range) "
-        "| pipeline torch / optpipe | optimizer torch / optpipe | around torch / optpipe "
-        "(loss) | start-up torch / optpipe (s) | peak RSS torch / optpipe (MB, ranks) |"
+        "\n| schedule | strategy | torch step (ms) | strategy step (ms) | ratio (median of rounds; "
+        "range) | pipeline torch / strategy | optimizer torch / strategy | around torch / "
+        "strategy (loss) | start-up torch / strategy (s) | peak RSS torch / strategy (MB, ranks) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
+
+    def m(xs: list[dict[str, Any]], k: str, scale: float = 1e3) -> float:
+        return scale * med(x[k] for x in xs if x[k] is not None)
+
+    def rss(xs: list[dict[str, Any]]) -> str:
+        return "/".join(f"{med(x['rss_mb'][i] for x in xs):.0f}" for i in range(args.procs))
+
     for sched in args.schedules:
-        t, o = runs_of("torch", sched), runs_of("optpipe", sched)
-        if not t or not o:
-            continue
-        ratios = [
-            b["summary"]["median"] / a["summary"]["median"]
-            for a in t
-            for b in o
-            if a["round"] == b["round"]
-        ]
-        ts, os_ = [r["summary"] for r in t], [r["summary"] for r in o]
-
-        def m(xs: list[dict[str, Any]], k: str, scale: float = 1e3) -> float:
-            return scale * med(x[k] for x in xs if x[k] is not None)
-
-        def rss(xs: list[dict[str, Any]]) -> str:
-            return "/".join(f"{med(x['rss_mb'][i] for x in xs):.0f}" for i in range(args.procs))
-
-        print(
-            f"| {sched} | {m(ts, 'median'):.1f} (IQR {m(ts, 'iqr'):.1f}) | {m(os_, 'median'):.1f} "
-            f"(IQR {m(os_, 'iqr'):.1f}) | {med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
-            f"| {m(ts, 'pipeline'):.1f} / {m(os_, 'pipeline'):.1f} | {m(ts, 'optimizer'):.1f} / "
-            f"{m(os_, 'optimizer'):.1f} | {m(ts, 'around'):.1f} / {m(os_, 'around'):.1f} "
-            f"({m(os_, 'loss'):.1f}) | {m(ts, 'startup', 1):.2f} / {m(os_, 'startup', 1):.2f} "
-            f"| {rss(ts)} / {rss(os_)} |"
-        )
+        t = runs_of("torch", sched)
+        for side in ("optpipe", "base"):
+            o = runs_of(side, sched)
+            if not t or not o:
+                continue
+            ratios = [
+                b["summary"]["median"] / a["summary"]["median"]
+                for a in t
+                for b in o
+                if a["round"] == b["round"]
+            ]
+            ts, os_ = [r["summary"] for r in t], [r["summary"] for r in o]
+            label = "this" if side == "optpipe" else os.path.basename(args.compare_code.rstrip("/"))
+            print(
+                f"| {sched} | {label} | {m(ts, 'median'):.1f} (IQR {m(ts, 'iqr'):.1f}) | "
+                f"{m(os_, 'median'):.1f} (IQR {m(os_, 'iqr'):.1f}) | {med(ratios):.3f} "
+                f"({min(ratios):.3f}-{max(ratios):.3f}) | {m(ts, 'pipeline'):.1f} / "
+                f"{m(os_, 'pipeline'):.1f} | {m(ts, 'optimizer'):.1f} / {m(os_, 'optimizer'):.1f} "
+                f"| {m(ts, 'around'):.1f} / {m(os_, 'around'):.1f} ({m(os_, 'loss'):.1f}) | "
+                f"{m(ts, 'startup', 1):.2f} / {m(os_, 'startup', 1):.2f} | {rss(ts)} / {rss(os_)} |"
+            )
     defaults = runs_of("optpipe", "optimal")
     for r in defaults:
         refs = [

@@ -7,9 +7,11 @@ feasible (``ScheduleRejectedError`` otherwise) and torch's lowering found it can
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -270,11 +272,17 @@ class PipelineEngine:
                 dist.broadcast(loss, group=self.pp_group, group_src=self.last_rank)
         return loss[0]
 
-    def finish_loss_handout(self) -> None:
-        """Wait until the other ranks took the last loss this rank sent (see above)."""
+    def finish_loss_handout(self, timeout: float | None = None) -> None:
+        """Wait until the other ranks took the last loss this rank sent (see above); with a
+        ``timeout`` (seconds, at the end of a run) give up after it and raise nothing."""
         pending, self._loss_handout = self._loss_handout, None
-        if pending is not None:
+        if pending is None:
+            return
+        if timeout is None:
             pending[0].wait()
+            return
+        with contextlib.suppress(Exception):  # a rank that died must not hang the others' end
+            pending[0].wait(timedelta(seconds=timeout))
 
     def switch(self, schedule: Schedule, problem: Problem | None = None) -> None:
         """Run ``schedule`` from the next step on (call on every rank at the same step boundary).

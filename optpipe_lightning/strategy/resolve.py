@@ -48,6 +48,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -360,13 +361,20 @@ class _AsyncFlag:
         else:
             self._pending = (None, t)
 
-    def take(self) -> int | None:
-        """The number posted last (None if none is pending)."""
+    def take(self, timeout: float | None = None) -> int | None:
+        """The number posted last (None if none is pending); with a ``timeout`` (seconds, at
+        the end of a run) None when it does not come in time."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         if pending[0] is not None:
-            pending[0].wait()
+            if timeout is None:
+                pending[0].wait()
+            else:
+                try:
+                    pending[0].wait(timedelta(seconds=timeout))
+                except Exception:  # a rank that died must not hang the others' end
+                    return None
         return int(pending[1].item())
 
 
@@ -489,8 +497,8 @@ class OnlineResolve:
                 why=f"solving again (costs moved > {round(100 * RESOLVE_DRIFT)}%)",
             )
 
-    def stop(self) -> None:
-        self._flag.take()  # every rank posted it: nothing is left in flight
+    def stop(self, timeout: float | None = None) -> None:
+        self._flag.take(timeout)  # every rank posted it: nothing is left in flight
         self._pending = None
         if self.solver is not None:
             self.solver.stop()

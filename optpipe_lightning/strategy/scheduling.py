@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 OUTSIDE_WINDOW = 16  # recent steps whose time outside the pipeline predicts the next one's
 PEAKS_EVERY = 16  # GPU: every rank's peak memory per step is gathered this often (not per step)
+CLOSE_WAIT_SECONDS = 60.0  # at the end, how long to wait for what is still in flight
 
 
 class Scheduler:
@@ -553,10 +554,10 @@ class Scheduler:
 
     def close(self, status: str) -> None:
         """Stop the background solver; record how the run ended."""
-        self.resolve.stop()
+        self.resolve.stop(timeout=CLOSE_WAIT_SECONDS)
         for engine in (self.engine, self.eval_engine):
             if engine is not None:
-                engine.finish_loss_handout()
+                engine.finish_loss_handout(timeout=CLOSE_WAIT_SECONDS)
         if status == "finished" and self.device.type == "cuda" and self.engine is not None:
             self._gather_peaks()  # pragma: no cover - GPU only (a collective: all ranks are here)
         if self.run_log is not None:

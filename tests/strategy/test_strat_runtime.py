@@ -421,7 +421,13 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Small())
+    try:
+        trainer.fit(Small())
+    finally:  # the fit ran in this process: leave no process group to the next tests
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
     db = open_database(url)
     with db.session() as s:
         run = repo.list_training_runs(s)[0]
