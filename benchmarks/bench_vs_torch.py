@@ -225,21 +225,31 @@ def torch_child(args: argparse.Namespace) -> None:
     steps: list[dict[str, float]] = []
     t_first = None
     timeline["first_begin"] = time.time()
+    cpu = time.process_time  # every thread of the process (gloo's too)
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu()
         losses: list[Any] = []
         kw: dict[str, Any] = {"target": y, "losses": losses} if last else {}
         if first:
             sched.step(x, **kw)
         else:
             sched.step(**kw)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), cpu()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), cpu()
         if t_first is None:
             t_first = time.time()
-        steps.append({"end": t2, "pipeline": t1 - t0, "optimizer": t2 - t1})
+        steps.append(
+            {
+                "end": t2,
+                "pipeline": t1 - t0,
+                "optimizer": t2 - t1,
+                "cpu_end": c2,
+                "cpu_pipeline": c1 - c0,
+                "cpu_optimizer": c2 - c1,
+            }
+        )
     _write(args, rank, steps, t_first, {"timeline": timeline})
     dist.destroy_process_group()
 
@@ -259,16 +269,19 @@ def optpipe_child(args: argparse.Namespace) -> None:
     from optpipe_lightning.strategy.strategy import OptPipeStrategy
 
     timeline = {"start": process_start(), "imported": time.time()}
-    acc: dict[str, float] = {"pipeline": 0.0, "loss": 0.0, "boundary": 0.0, "optimizer": 0.0}
-    backward_end = [0.0]  # Lightning runs the step inside ``optimizer.step(closure)``
+    keys = ("pipeline", "loss", "boundary", "optimizer")
+    acc: dict[str, float] = {k: 0.0 for k in keys} | {f"cpu_{k}": 0.0 for k in keys}
+    backward_end = [0.0, 0.0]  # Lightning runs the step inside ``optimizer.step(closure)``
+    cpu = time.process_time  # every thread of the process (gloo's too)
 
     def timed(fn: Any, key: str) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu()
             try:
                 return fn(*a, **k)
             finally:
                 acc[key] += time.perf_counter() - t0
+                acc[f"cpu_{key}"] += cpu() - c0
 
         return wrapper
 
@@ -285,7 +298,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
 
     def backward(self: Any, *a: Any, **k: Any) -> Any:
         out = strategy_backward(self, *a, **k)
-        backward_end[0] = time.perf_counter()
+        backward_end[:] = [time.perf_counter(), cpu()]
         return out
 
     OptPipeStrategy.backward = backward  # type: ignore[method-assign]
@@ -316,6 +329,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
 
             def after_update(*_: Any) -> None:  # the update: from the closure's end
                 acc["optimizer"] += time.perf_counter() - backward_end[0]
+                acc["cpu_optimizer"] += cpu() - backward_end[1]
 
             opt.register_step_post_hook(after_update)
             return opt
@@ -345,7 +359,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
             if prof is not None and len(steps) == args.skip:
                 prof.enable()
             sched = trainer.strategy.scheduler
-            row: dict[str, Any] = {"end": time.perf_counter(), **acc}
+            row: dict[str, Any] = {"end": time.perf_counter(), "cpu_end": cpu(), **acc}
             row["schedule"] = sched.engine.schedule.generator if sched and sched.engine else ""
             row["solving"] = bool(sched is not None and sched.resolve.active)
             steps.append(row)
@@ -495,6 +509,17 @@ def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
         steps[i] - rows[i]["pipeline"] - rows[i]["optimizer"] - rows[i].get("loss", 0.0)
         for i in keep
     ]
+    cpu_ends = [s.get("cpu_end", 0.0) for s in r0["steps"]]
+    cpu_steps = [b - a for a, b in itertools.pairwise(cpu_ends)]
+    cpu_around = [
+        cpu_steps[i]
+        - rows[i].get("cpu_pipeline", 0.0)
+        - rows[i].get("cpu_optimizer", 0.0)
+        - rows[i].get("cpu_loss", 0.0)
+        for i in keep
+    ]
+    for key in ("pipeline", "optimizer", "loss"):
+        parts[f"cpu_{key}"] = statistics.median(rows[i].get(f"cpu_{key}", 0.0) for i in keep)
     q = statistics.quantiles(wall, n=4) if len(wall) >= 2 else [wall[0]] * 3
     return {
         "median": statistics.median(wall),
@@ -503,6 +528,8 @@ def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
         "max": max(wall),
         "n": len(wall),
         "around": statistics.median(around),
+        "cpu_step": statistics.median(cpu_steps[i] for i in keep),
+        "cpu_around": statistics.median(cpu_around),
         "startup": (r0["t_first"] - run["t0"]) if r0["t_first"] else None,
         "timeline": [
             {k: v - run["t0"] for k, v in r.get("timeline", {}).items()} for r in run["ranks"]
@@ -626,6 +653,13 @@ def main() -> None:
                     flush=True,
                 )
                 print(
+                    f"      CPU per step (rank 0, all threads): {1e3 * s['cpu_step']:.1f} ms: "
+                    f"pipeline {1e3 * s['cpu_pipeline']:.1f}, optimizer "
+                    f"{1e3 * s['cpu_optimizer']:.1f}, loss {1e3 * s['cpu_loss']:.2f}, around "
+                    f"{1e3 * s['cpu_around']:.2f}",
+                    flush=True,
+                )
+                print(
                     "      start-up, s after launch: "
                     + " | ".join(
                         f"rank {r}: " + " ".join(f"{k} {v:.2f}" for k, v in tl.items())
@@ -646,9 +680,10 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     print(
         "\n| schedule | strategy | torch step (ms) | strategy step (ms) | ratio (median of rounds; "
         "range) | pipeline torch / strategy | optimizer torch / strategy | around torch / "
-        "strategy (loss) | start-up torch / strategy (s) | peak RSS torch / strategy (MB, ranks) |"
+        "strategy (loss) | CPU ms/step torch / strategy: all, outside pipeline+optimizer | "
+        "start-up torch / strategy (s) | peak RSS torch / strategy (MB, ranks) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
 
     def m(xs: list[dict[str, Any]], k: str, scale: float = 1e3) -> float:
@@ -677,6 +712,8 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
                 f"({min(ratios):.3f}-{max(ratios):.3f}) | {m(ts, 'pipeline'):.1f} / "
                 f"{m(os_, 'pipeline'):.1f} | {m(ts, 'optimizer'):.1f} / {m(os_, 'optimizer'):.1f} "
                 f"| {m(ts, 'around'):.1f} / {m(os_, 'around'):.1f} ({m(os_, 'loss'):.1f}) | "
+                f"{m(ts, 'cpu_step'):.1f} / {m(os_, 'cpu_step'):.1f}, {m(ts, 'cpu_around'):.2f} / "
+                f"{m(os_, 'cpu_around'):.2f} | "
                 f"{m(ts, 'startup', 1):.2f} / {m(os_, 'startup', 1):.2f} | {rss(ts)} / {rss(os_)} |"
             )
     defaults = runs_of("optpipe", "optimal")
