@@ -13,8 +13,9 @@ glibc's defaults instead.
   ``zero_grad``. All ranks are started at once with the environment ``torchrun`` sets.
 - **optpipe**: ``Trainer(strategy=OptPipeStrategy(schedule=...))`` on a LightningModule with the
   same layers, started as a user starts it (``python script.py``: Lightning's launcher starts the
-  other ranks at ``fit()``; ``--optpipe-launch direct`` starts all ranks at once like torch,
-  ``torchrun`` through torch's launcher). torch's ranks are started at once (``--torch-launch
+  other ranks at ``fit()``; ``--optpipe-launch fork``: ``start_method="fork"``, the other
+  ranks forked at ``fit()`` with the imports done; ``direct`` starts all ranks at once like
+  torch, ``torchrun`` through torch's launcher). torch's ranks are started at once (``--torch-launch
   direct``, the environment torchrun sets, without its agent) or by ``torchrun``.
   The strategy runs its own schedule of that name (same order as torch's for 1f1b, zbv and
   interleaved-1f1b); ``interleaved-zb`` (no generator of ours) runs torch's order through the
@@ -402,6 +403,8 @@ def optpipe_child(args: argparse.Namespace) -> None:
             raise SystemExit("--optpipe-order torch for zbv: use --optpipe-order own (same order)")
     if args.allocator == "default":
         kwargs["tune_host_allocator"] = False
+    if args.optpipe_launch == "fork":  # Lightning's fork launcher: ranks inherit the imports
+        kwargs["start_method"] = "fork"
     kwargs["database"] = f"sqlite:///{args.out}/runs.db"
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -453,7 +456,8 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
         cmd += ["--out", out, "--steps", str(steps), "--procs", str(args.procs)]
         for k in ("layers", "width", "batch", "microbatches", "solver_time_limit", "allocator"):
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-        cmd += ["--optpipe-order", args.optpipe_order] + (["--verbose"] if args.verbose else [])
+        cmd += ["--optpipe-order", args.optpipe_order, "--optpipe-launch", args.optpipe_launch]
+        cmd += ["--verbose"] if args.verbose else []
         if side == "base":  # the strategy from another checkout (--compare-code)
             env["PYTHONPATH"] = os.pathsep.join(
                 [os.path.abspath(args.compare_code), env.get("PYTHONPATH", "")]
@@ -468,7 +472,8 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
             procs.append(
                 subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             )
-        for r in range(args.procs if launch == "direct" else 1 if launch == "lightning" else 0):
+        one = launch in ("lightning", "fork")  # the strategy's launcher starts the others
+        for r in range(args.procs if launch == "direct" else 1 if one else 0):
             e = dict(env)
             if launch == "direct":  # every rank at once, with the environment torchrun sets
                 e.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.procs), NODE_RANK="0")
@@ -594,7 +599,9 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
     ap.add_argument(
-        "--optpipe-launch", choices=("lightning", "direct", "torchrun"), default="lightning"
+        "--optpipe-launch",
+        choices=("lightning", "fork", "direct", "torchrun"),
+        default="lightning",
     )
     ap.add_argument("--torch-launch", choices=("direct", "torchrun"), default="direct")
     ap.add_argument("--optpipe-order", choices=("own", "torch"), default="own")
