@@ -422,6 +422,102 @@ def optpipe_child(args: argparse.Namespace) -> None:
     trainer.fit(Model())
 
 
+def pair_child(args: argparse.Namespace) -> None:
+    """The runtimes alone, in one process pair: torch's schedule class and the strategy's
+    engine (same order, own copies of the same layers) take turns step by step (no optimizer,
+    no Lightning), so the machine's load hits both alike."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as sch
+
+    from optpipe_lightning.schedule.baselines import generate
+    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.planner import initial_problem
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    v, place = placement(args.schedule, world)
+    bounds = group_bounds(args.layers, world * v)
+    groups = local_groups(args.schedule, world, rank)
+    mods = [
+        torch.nn.Sequential(*make_layers(args.layers, args.width)[slice(*bounds[g])])
+        for g in groups
+    ]
+    stages = [
+        PipelineStage(mod, g, world * v, torch.device("cpu"))
+        for mod, g in zip(mods, groups, strict=True)
+    ]
+    cls = getattr(sch, TORCH_CLASSES[args.schedule])
+    native = cls(stages[0] if v == 1 else stages, args.microbatches, loss_fn=mse)
+    problem = initial_problem(world, args.microbatches, v, place, [1.0] * (world * v))  # type: ignore[arg-type]
+    if args.schedule in OWN_NAMES and args.optpipe_order == "own":
+        ours_sched = generate(OWN_NAMES[args.schedule], problem)
+    else:
+        ours_sched = order_as_schedule(
+            problem, torch_order(args.schedule, world, args.microbatches)
+        )
+    sizes = [b - a for a, b in bounds]
+    engine = PipelineEngine(
+        make_layers(args.layers, args.width),
+        mse,
+        problem,
+        ours_sched,
+        sizes,
+        rank,
+        dist.group.WORLD,
+        torch.device("cpu"),
+    )
+    engine.async_loss = True
+    x, y = make_batch(args.batch, args.width)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    params = {"torch": [p for m in mods for p in m.parameters()], "optpipe": engine.parameters}
+
+    def step(side: str) -> None:
+        if side == "optpipe":
+            engine.step(x, y)
+            return
+        kw: dict[str, Any] = {"target": y, "losses": []} if last else {}
+        if first:
+            native.step(x, **kw)
+        else:
+            native.step(**kw)
+
+    rows: list[dict[str, Any]] = []
+    for i in range(args.steps):
+        for side in ("torch", "optpipe") if i % 2 == 0 else ("optpipe", "torch"):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            step(side)
+            rows.append(
+                {"side": side, "wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+            )
+            for p in params[side]:
+                p.grad = None
+    engine.finish_loss_handout()
+    walls = [
+        [r["wall"] for r in part]
+        for part in _gather(rows, rank, world, dist)  # every rank's rows, in order
+    ]
+    _write(
+        args,
+        rank,
+        [dict(r, slowest=max(w[i] for w in walls)) for i, r in enumerate(rows)],
+        None,
+        {},
+    )
+    dist.destroy_process_group()
+
+
+def _gather(
+    rows: list[dict[str, Any]], rank: int, world: int, dist: Any
+) -> list[list[dict[str, Any]]]:
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, rows)
+    return out
+
+
 def _write(
     args: argparse.Namespace,
     rank: int,
@@ -464,6 +560,8 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
             )
             cmd[cmd.index("--child") + 1] = "optpipe"
         launch = args.torch_launch if side == "torch" else args.optpipe_launch
+        if side == "pair":
+            launch = "direct"
         t0 = time.time()
         procs = []
         if launch == "torchrun":  # torch's launcher: an agent process starts every rank
@@ -573,6 +671,36 @@ def default_mode(run: dict[str, Any], ref_step: float, skip: int) -> dict[str, A
     }
 
 
+def run_pairs(args: argparse.Namespace) -> None:
+    """``--pair``: each schedule's runtimes side by side; per-step medians after ``--skip``."""
+    print(
+        f"runtimes alone, {args.procs} processes, {args.layers} x Linear({args.width}), batch "
+        f"{args.batch} in {args.microbatches} microbatches; load {_loadavg()}\n\n"
+        "| schedule | torch step (ms, slowest rank) | engine step (ms) | ratio | CPU ms/step "
+        "rank 0 torch / engine | CPU ratio rank 0 / rank 1 |\n|---|---|---|---|---|---|"
+    )
+    med = statistics.median
+    for sched in args.schedules:
+        run = run_once(args, "pair", sched, args.steps)
+        out: dict[str, Any] = {}
+        for side in ("torch", "optpipe"):
+            per = [
+                [r for r in rk["steps"] if r["side"] == side][args.skip :] for rk in run["ranks"]
+            ]
+            out[side] = {
+                "wall": med(r["slowest"] for r in per[0]),
+                "cpu": [med(r["cpu"] for r in p) for p in per],
+            }
+        t, o = out["torch"], out["optpipe"]
+        print(
+            f"| {sched} | {1e3 * t['wall']:.1f} | {1e3 * o['wall']:.1f} | "
+            f"{o['wall'] / t['wall']:.3f} | {1e3 * t['cpu'][0]:.1f} / {1e3 * o['cpu'][0]:.1f} | "
+            + " / ".join(f"{oc / tc:.3f}" for tc, oc in zip(t["cpu"], o["cpu"], strict=True))
+            + " |",
+            flush=True,
+        )
+
+
 def _loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -615,7 +743,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
     ap.add_argument("--verbose", action="store_true", help="the strategy's INFO log (child output)")
     ap.add_argument("--json", default=None, help="also write every run's records here")
-    ap.add_argument("--child", choices=("torch", "optpipe"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--pair",
+        action="store_true",
+        help="the runtimes alone: torch's schedule and the strategy's engine take turns step by "
+        "step in one process pair (no optimizer, no Lightning)",
+    )
+    ap.add_argument(
+        "--child", choices=("torch", "optpipe", "pair"), default=None, help=argparse.SUPPRESS
+    )
     ap.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument(
@@ -626,9 +762,13 @@ def main() -> None:
         return torch_child(args)
     if args.child == "optpipe":
         return optpipe_child(args)
+    if args.child == "pair":
+        return pair_child(args)
     if args.quick:
         args.layers, args.width, args.batch, args.rounds = 4, 256, 64, 1
         args.steps, args.skip = min(args.steps, 16), min(args.skip, 5)
+    if args.pair:
+        return run_pairs(args)
     sides = ("torch", "optpipe", "base") if args.compare_code else ("torch", "optpipe")
     configs = [(side, s) for s in args.schedules for side in sides]
     if args.default_steps:
