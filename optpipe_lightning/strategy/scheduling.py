@@ -306,7 +306,8 @@ class Scheduler:
         self._outside.append(max(0.0, wall - seconds))
         if self.engine is not None and self.phase == "run":
             self._walls.append(wall)
-            self.resolve.note_step(self.engine.schedule.generator, wall)
+            # keyed by the switch that started the schedule: two solver schedules differ
+            self.resolve.note_step(f"{len(self.switches)}:{self.engine.schedule.generator}", wall)
         self._record_step(wall)
         try:
             self._at_boundary(module, optimizers, count)
