@@ -195,27 +195,22 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def torch_child(args: argparse.Namespace) -> None:
+def native_pipeline(args: argparse.Namespace, rank: int, world: int) -> Any:
+    """torch's own pipeline of the model on this rank (stages, schedule class, AdamW): a
+    function running one optimizer step of it, returning the seconds of the pipeline and of the
+    optimizer update, wall and CPU (all threads)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as sch
 
-    timeline = {"start": process_start(), "imported": time.time()}
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    timeline["connected"] = time.time()
-    rank, world = dist.get_rank(), dist.get_world_size()
     layers = make_layers(args.layers, args.width)
     v, _ = placement(args.schedule, world)
     bounds = group_bounds(args.layers, world * v)
-    mods = [
-        torch.nn.Sequential(*layers[slice(*bounds[g])])
-        for g in local_groups(args.schedule, world, rank)
-    ]
+    groups = local_groups(args.schedule, world, rank)
+    mods = [torch.nn.Sequential(*layers[slice(*bounds[g])]) for g in groups]
     stages = [
         PipelineStage(mod, g, world * v, torch.device("cpu"))
-        for mod, g in zip(mods, local_groups(args.schedule, world, rank), strict=True)
+        for mod, g in zip(mods, groups, strict=True)
     ]
     cls = getattr(sch, TORCH_CLASSES[args.schedule])
     sched = cls(stages[0] if v == 1 else stages, args.microbatches, loss_fn=mse)
@@ -223,32 +218,49 @@ def torch_child(args: argparse.Namespace) -> None:
     x, y = make_batch(args.batch, args.width)
     first = any(s.is_first for s in stages)
     last = any(s.is_last for s in stages)
+
+    def step() -> tuple[float, float, float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        kw: dict[str, Any] = {"target": y, "losses": []} if last else {}
+        if first:
+            sched.step(x, **kw)
+        else:
+            sched.step(**kw)
+        t1, c1 = time.perf_counter(), time.process_time()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, time.perf_counter() - t1, c1 - c0, time.process_time() - c1
+
+    return step
+
+
+def torch_child(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    timeline = {"start": process_start(), "imported": time.time()}
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    timeline["connected"] = time.time()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    native_step = native_pipeline(args, rank, world)
     steps: list[dict[str, float]] = []
     t_first = None
     timeline["first_begin"] = time.time()
     cpu = time.process_time  # every thread of the process (gloo's too)
     for _ in range(args.steps):
-        t0, c0 = time.perf_counter(), cpu()
-        losses: list[Any] = []
-        kw: dict[str, Any] = {"target": y, "losses": losses} if last else {}
-        if first:
-            sched.step(x, **kw)
-        else:
-            sched.step(**kw)
-        t1, c1 = time.perf_counter(), cpu()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t2, c2 = time.perf_counter(), cpu()
+        pipeline, optimizer, cpu_pipeline, cpu_optimizer = native_step()
+        end = time.perf_counter()
         if t_first is None:
             t_first = time.time()
         steps.append(
             {
-                "end": t2,
-                "pipeline": t1 - t0,
-                "optimizer": t2 - t1,
-                "cpu_end": c2,
-                "cpu_pipeline": c1 - c0,
-                "cpu_optimizer": c2 - c1,
+                "end": end,
+                "pipeline": pipeline,
+                "optimizer": optimizer,
+                "cpu_end": cpu(),
+                "cpu_pipeline": cpu_pipeline,
+                "cpu_optimizer": cpu_optimizer,
             }
         )
     _write(args, rank, steps, t_first, {"timeline": timeline})
@@ -340,6 +352,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
 
     steps: list[dict[str, Any]] = []
     first: list[float] = []
+    native: list[Any] = []  # --paired: torch's own pipeline, built at the first step's end
 
     prof: Any = None
     if args.cprofile:
@@ -366,6 +379,22 @@ def optpipe_child(args: argparse.Namespace) -> None:
             steps.append(row)
             for k in acc:
                 acc[k] = 0.0
+            if args.paired:  # torch's own step, now, in these processes (see --paired)
+                import torch.distributed as dist
+
+                if not native:
+                    native.append(native_pipeline(args, dist.get_rank(), dist.get_world_size()))
+                dist.barrier()
+                t0, c0 = time.perf_counter(), cpu()
+                pipeline, optimizer, _, _ = native[0]()
+                row.update(
+                    native=time.perf_counter() - t0,
+                    native_pipeline=pipeline,
+                    native_optimizer=optimizer,
+                    cpu_native=cpu() - c0,
+                )
+                dist.barrier()
+                row["resume"], row["cpu_resume"] = time.perf_counter(), cpu()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if prof is not None:
@@ -553,6 +582,7 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
         for k in ("layers", "width", "batch", "microbatches", "solver_time_limit", "allocator"):
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
         cmd += ["--optpipe-order", args.optpipe_order, "--optpipe-launch", args.optpipe_launch]
+        cmd += ["--paired"] if args.paired else []
         cmd += ["--verbose"] if args.verbose else []
         if side == "base":  # the strategy from another checkout (--compare-code)
             env["PYTHONPATH"] = os.pathsep.join(
@@ -626,6 +656,7 @@ def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
     q = statistics.quantiles(wall, n=4) if len(wall) >= 2 else [wall[0]] * 3
     return {
         "median": statistics.median(wall),
+        "p10": sorted(wall)[len(wall) // 10],  # the steps the machine's load hit least
         "iqr": q[2] - q[0],
         "min": min(wall),
         "max": max(wall),
@@ -639,6 +670,30 @@ def summarize(run: dict[str, Any], skip: int) -> dict[str, Any]:
         ],
         "rss_mb": [r["rss_mb"] for r in run["ranks"]],
         **parts,
+    }
+
+
+def summarize_paired(run: dict[str, Any], skip: int) -> dict[str, Any]:
+    """``--paired``: each strategy step (from the barrier after torch's step to its end, rank
+    0) against torch's step right before it; medians after ``skip`` steps."""
+    rows = run["ranks"][0]["steps"]
+    pairs = [
+        (
+            rows[j]["end"] - rows[j - 1]["resume"],
+            rows[j]["native"],
+            rows[j]["cpu_end"] - rows[j - 1]["cpu_resume"],
+            rows[j]["cpu_native"],
+        )
+        for j in range(max(1, skip), len(rows))
+    ]
+    med = statistics.median
+    return {
+        "strategy": med(p[0] for p in pairs),
+        "torch": med(p[1] for p in pairs),
+        "ratio": med(p[0] / p[1] for p in pairs),
+        "cpu_ratio": med(p[2] / p[3] for p in pairs),
+        "q": statistics.quantiles([p[0] / p[1] for p in pairs], n=4),
+        "n": len(pairs),
     }
 
 
@@ -743,6 +798,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
     ap.add_argument("--verbose", action="store_true", help="the strategy's INFO log (child output)")
     ap.add_argument("--json", default=None, help="also write every run's records here")
+    ap.add_argument("--report", default=None, help="print the tables of a --json file again")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="torch's own step runs inside each strategy run, after every strategy step (a "
+        "callback; barriers around it), so both meet the same load: per-step ratios",
+    )
     ap.add_argument(
         "--pair",
         action="store_true",
@@ -769,7 +831,18 @@ def main() -> None:
         args.steps, args.skip = min(args.steps, 16), min(args.skip, 5)
     if args.pair:
         return run_pairs(args)
-    sides = ("torch", "optpipe", "base") if args.compare_code else ("torch", "optpipe")
+    if args.report:  # the tables again from a --json file (summaries recomputed)
+        saved = json.loads(Path(args.report).read_text())
+        args = argparse.Namespace(**{**vars(args), **saved["args"]})
+        for run in saved["runs"]:
+            if run["schedule"] != "optimal":
+                run["summary"] = summarize(run, args.skip)
+        return report(args, saved["runs"])
+    sides: tuple[str, ...] = (
+        ("torch", "optpipe", "base") if args.compare_code else ("torch", "optpipe")
+    )
+    if args.paired:
+        sides = ("optpipe", "base") if args.compare_code else ("optpipe",)
     configs = [(side, s) for s in args.schedules for side in sides]
     if args.default_steps:
         configs.append(("optpipe", "optimal"))
@@ -788,7 +861,16 @@ def main() -> None:
             steps = args.default_steps if sched == "optimal" else args.steps
             run = run_once(args, side, sched, steps)
             run["round"], run["load"] = rnd, _loadavg()
-            if sched != "optimal":
+            if args.paired:
+                run["paired"] = p = summarize_paired(run, args.skip)
+                print(
+                    f"  round {rnd} {side:<7} {sched:<16} paired: strategy "
+                    f"{1e3 * p['strategy']:.1f} ms, torch {1e3 * p['torch']:.1f} ms, per-step "
+                    f"ratio {p['ratio']:.3f} (IQR {p['q'][0]:.3f}-{p['q'][2]:.3f}), CPU ratio "
+                    f"{p['cpu_ratio']:.3f}  load {run['load']}",
+                    flush=True,
+                )
+            elif sched != "optimal":
                 run["summary"] = summarize(run, args.skip)
                 s = run["summary"]
                 print(
@@ -815,9 +897,32 @@ def main() -> None:
                     flush=True,
                 )
             runs.append(run)
-    report(args, runs)
+    if args.paired:
+        report_paired(args, runs)
+    else:
+        report(args, runs)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}))
+
+
+def report_paired(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    med = statistics.median
+    print(
+        "\n| schedule | strategy | torch step (ms) | strategy step (ms) | per-step ratio (median "
+        "of rounds; range) | CPU ratio |\n|---|---|---|---|---|---|"
+    )
+    for sched in args.schedules:
+        for side in ("optpipe", "base"):
+            ps = [r["paired"] for r in runs if r["side"] == side and r["schedule"] == sched]
+            if not ps:
+                continue
+            ratios = [p["ratio"] for p in ps]
+            label = "this" if side == "optpipe" else os.path.basename(args.compare_code.rstrip("/"))
+            print(
+                f"| {sched} | {label} | {1e3 * med(p['torch'] for p in ps):.1f} | "
+                f"{1e3 * med(p['strategy'] for p in ps):.1f} | {med(ratios):.3f} "
+                f"({min(ratios):.3f}-{max(ratios):.3f}) | {med(p['cpu_ratio'] for p in ps):.3f} |"
+            )
 
 
 def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
@@ -826,11 +931,11 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
 
     print(
         "\n| schedule | strategy | torch step (ms) | strategy step (ms) | ratio (median of rounds; "
-        "range) | pipeline torch / strategy | optimizer torch / strategy | around torch / "
+        "range) | ratio of the fastest 10% | CPU ratio | pipeline torch / strategy | optimizer torch / strategy | around torch / "
         "strategy (loss) | CPU ms/step torch / strategy: all, outside pipeline+optimizer | "
         "start-up torch / strategy (s) | peak RSS torch / strategy (MB, ranks) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
 
     def m(xs: list[dict[str, Any]], k: str, scale: float = 1e3) -> float:
@@ -845,18 +950,17 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
             o = runs_of(side, sched)
             if not t or not o:
                 continue
-            ratios = [
-                b["summary"]["median"] / a["summary"]["median"]
-                for a in t
-                for b in o
-                if a["round"] == b["round"]
-            ]
+            pairs = [(a["summary"], b["summary"]) for a in t for b in o if a["round"] == b["round"]]
+            ratios = [b["median"] / a["median"] for a, b in pairs]
+            fast = [b["p10"] / a["p10"] for a, b in pairs]
             ts, os_ = [r["summary"] for r in t], [r["summary"] for r in o]
             label = "this" if side == "optpipe" else os.path.basename(args.compare_code.rstrip("/"))
             print(
                 f"| {sched} | {label} | {m(ts, 'median'):.1f} (IQR {m(ts, 'iqr'):.1f}) | "
                 f"{m(os_, 'median'):.1f} (IQR {m(os_, 'iqr'):.1f}) | {med(ratios):.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f}) | {m(ts, 'pipeline'):.1f} / "
+                f"({min(ratios):.3f}-{max(ratios):.3f}) | {med(fast):.3f} | "
+                f"{med(b['cpu_step'] / a['cpu_step'] for a, b in pairs):.3f} | "
+                f"{m(ts, 'pipeline'):.1f} / "
                 f"{m(os_, 'pipeline'):.1f} | {m(ts, 'optimizer'):.1f} / {m(os_, 'optimizer'):.1f} "
                 f"| {m(ts, 'around'):.1f} / {m(os_, 'around'):.1f} ({m(os_, 'loss'):.1f}) | "
                 f"{m(ts, 'cpu_step'):.1f} / {m(os_, 'cpu_step'):.1f}, {m(ts, 'cpu_around'):.2f} / "
