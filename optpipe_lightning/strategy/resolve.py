@@ -22,8 +22,8 @@ expected gain over the remaining steps exceeds its expected cost.
 - and the gap must leave room for a switch at all (``min_gain`` of the makespan).
 
 The first solve after profiling is planned the same way as the re-solves that calibration asks
-for (calibrated costs more than ``RESOLVE_DRIFT`` from the solved ones, at most
-``MAX_CALIBRATED_RESOLVES`` per run).
+for (calibrated costs more than ``RESOLVE_DRIFT`` from those of the last plan; at most
+``MAX_CALIBRATED_RESOLVES`` of them start per run).
 
 **Switching**: at every optimizer-step boundary while a solve runs, rank 0 drains the
 incumbents, keeps the best one the simulator finds feasible that beats the running schedule by
@@ -398,7 +398,7 @@ class OnlineResolve:
         self.start_method = start_method
         self.solver: BackgroundSolver | None = None  # global rank 0 only
         self.active = False  # a solve runs (the same on every rank)
-        self.solved_problem: Problem | None = None  # what the solver last solved
+        self.solved_problem: Problem | None = None  # the last plan's problem (drift from it)
         self.calibrated_resolves = 0
         self.plans: list[dict[str, Any]] = []  # every plan (global rank 0's numbers)
         self.slowdown = SlowdownMeter()
@@ -488,14 +488,16 @@ class OnlineResolve:
             and self.calibrated_resolves < MAX_CALIBRATED_RESOLVES
             and max_cost_change(self.solved_problem, problem) > RESOLVE_DRIFT
         ):
-            self.calibrated_resolves += 1
+            # planned again only once the costs moved that far from the last plan's; only
+            # solves that start count against the limit
             self.stop()
-            self.start(
+            started = self.start(
                 problem,
                 current,
                 context,
                 why=f"solving again (costs moved > {round(100 * RESOLVE_DRIFT)}%)",
             )
+            self.calibrated_resolves += int(started)
 
     def stop(self, timeout: float | None = None) -> None:
         self._flag.take(timeout)  # every rank posted it: nothing is left in flight

@@ -175,6 +175,22 @@ def test_a_solve_that_does_not_pay_starts_no_process() -> None:
     assert plan["start"] is False and plan["gain_seconds"] < plan["cost_seconds"]
 
 
+def test_calibration_plans_again_only_when_costs_moved_from_the_last_plan() -> None:
+    problem = Problem(num_stages=2, num_microbatches=8, t_f=0.01, t_b=0.01, t_w=0.01)
+    current = generate("gpipe", problem)
+    resolve = OnlineResolve(PipelineComm(2), time_limit=30.0, on_message=lambda text: None)
+    short = RunContext(step_seconds=0.5, remaining_steps=50, training_processes=64)
+    resolve.start(problem, current, short)  # does not pay: declined
+    moved = problem.with_changes(t_f=0.012)  # 20% from the plan's costs
+    resolve.on_calibrated(moved, current, short)
+    assert [p["why"] for p in resolve.plans] == ["solving", "solving again (costs moved > 10%)"]
+    assert resolve.calibrated_resolves == 0  # declined plans do not count
+    resolve.on_calibrated(moved.with_changes(t_f=0.0126), current, short)  # 5% from the last
+    assert len(resolve.plans) == 2
+    resolve.on_calibrated(moved.with_changes(t_f=0.016), current, short)
+    assert len(resolve.plans) == 3 and not resolve.active
+
+
 # ---- calibration: budget, and no steps that overlap a solve ------------------------------------
 
 
