@@ -497,7 +497,8 @@ class OnlineResolve:
                 context,
                 why=f"solving again (costs moved > {round(100 * RESOLVE_DRIFT)}%)",
             )
-            self.calibrated_resolves += int(started)
+            if started:
+                self.calibrated_resolves += 1
 
     def stop(self, timeout: float | None = None) -> None:
         self._flag.take(timeout)  # every rank posted it: nothing is left in flight
