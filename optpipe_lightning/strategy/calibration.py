@@ -14,6 +14,12 @@ runs, the strategy re-estimates the costs from what that schedule does:
   seconds that, added to every compute action, make the simulator's makespan of the running
   schedule equal the median wall time of its recent steps (``fit_overhead``; never negative).
 
+A calibration is a collective with a fit on global rank 0 that every rank waits for, so it is
+kept within a budget: after each one, the next waits at least as many steps as make its cost
+``CALIBRATION_BUDGET`` of the training time (its measured seconds over the median step).
+Steps that overlap a background solve are not sampled (the solver's CPU use would move the
+costs; the strategy leaves them out).
+
 The calibrated ``Problem`` (same shape, memory and offload fields; only ``t_f``, ``t_b``, ``t_w``,
 ``t_bw`` change) is what the background re-solve judges incumbents on and what the predicted step
 time of the run log comes from. The functions are pure: numbers in, a ``Problem`` out.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +47,7 @@ from .process_groups import PipelineComm
 log = logging.getLogger(__name__)
 
 COMPUTE_OPS = ("F", "B", "W", "BW")
+CALIBRATION_BUDGET = 0.005  # share of the training time calibrations may take
 _FIELD = {"F": "t_f", "B": "t_b", "W": "t_w", "BW": "t_bw"}
 _MIN_SECONDS = 1e-7
 
@@ -215,8 +223,10 @@ class StepSampler:
     After a switch the first ``warmup`` steps are ignored; then every ``sample_every``-th step
     times its ops (``time_ops_next``), every step's wall time is kept (on GPU only the steps
     whose ops were not timed: the per-op event synchronisation slows a step a little). A
-    calibration is ``due`` after each op-timed step once ``min_steps`` steps have been seen.
-    Every decision depends on step counts only, so it is the same on every rank.
+    calibration is ``due`` after an op-timed step once ``min_steps`` steps have been seen and
+    at least ``min_interval`` steps were recorded since the last one (the budget, set by the
+    ``Calibrator``). Every decision depends on step counts only (and on ``min_interval``,
+    which global rank 0 sends every rank), so it is the same on every rank.
     """
 
     sample_every: int = 4
@@ -228,6 +238,8 @@ class StepSampler:
     steps: int = 0  # steps since the last reset (warm-up included)
     timed: int = 0  # op-timed steps since the last reset
     calibrations: int = 0  # times ``due`` said yes since the last reset
+    min_interval: int = 0  # steps recorded between two calibrations, at least (the budget)
+    since: int = 0  # steps recorded since the last calibration
     walls: deque[float] = field(default_factory=deque)
     ops: dict[tuple[str, int], deque[list[float]]] = field(default_factory=dict)
     _due: bool = False
@@ -239,7 +251,7 @@ class StepSampler:
 
     def reset(self) -> None:
         """A new schedule runs: forget the old one's timings."""
-        self.steps = self.timed = self.calibrations = 0
+        self.steps = self.timed = self.calibrations = self.since = 0
         self.walls.clear()
         self.ops.clear()
         self._due = False
@@ -257,6 +269,7 @@ class StepSampler:
         self.steps += 1
         if k < self.warmup:
             return
+        self.since += 1
         if not timed or self.walls_of_timed_steps:
             self.walls.append(float(seconds))
         if timed:
@@ -269,9 +282,13 @@ class StepSampler:
                 self._due = True
 
     def due(self) -> bool:
-        """A calibration should run at this boundary (clears the flag)."""
-        due, self._due = self._due and bool(self.walls), False
-        self.calibrations += due
+        """A calibration should run at this boundary (clears the flag: an op-timed step sets it
+        again)."""
+        due = self._due and bool(self.walls) and self.since >= self.min_interval
+        self._due = False
+        if due:
+            self.calibrations += 1
+            self.since = 0
         return due
 
     def op_samples(self, stage: int) -> dict[OpKey, list[float]]:
@@ -280,6 +297,16 @@ class StepSampler:
 
 
 MAX_CALIBRATION_RECORDS = 256  # Calibrator.records keeps the latest ones
+
+
+def budget_interval(
+    cost_seconds: float, step_seconds: float, budget: float = CALIBRATION_BUDGET
+) -> int:
+    """Steps between two calibrations that keep one costing ``cost_seconds`` within ``budget``
+    of the training time at ``step_seconds`` per step."""
+    if step_seconds <= 0 or not math.isfinite(cost_seconds):
+        return 0
+    return max(0, math.ceil(cost_seconds / (budget * step_seconds)))
 
 
 @dataclass(frozen=True)
@@ -294,8 +321,15 @@ class CalibrationResult:
 class Calibrator:
     """The running schedule's sampler, and the calibrations made from it (every rank holds one)."""
 
-    def __init__(self, comm: PipelineComm, every: int = 4, min_steps: int = 8) -> None:
+    def __init__(
+        self,
+        comm: PipelineComm,
+        every: int = 4,
+        min_steps: int = 8,
+        budget: float | None = CALIBRATION_BUDGET,
+    ) -> None:
         self.comm = comm
+        self.budget = budget
         self.sampler = StepSampler(every, min_steps)
         self.overhead_in_problem = 0.0  # per-action overhead inside the running problem's costs
         self.records: list[dict[str, Any]] = []  # every calibration (the latest ones)
@@ -309,6 +343,7 @@ class Calibrator:
         (``calibrate``) and broadcasts it. ``None`` when rank 0 could not fit one (never raised:
         calibration must not stop training).
         """
+        t0 = time.perf_counter()
         parts = self.comm.gather(self.sampler.op_samples(self.comm.pp_rank))
         payload: tuple[str, dict[str, Any]] | None = None
         if self.comm.is_global_zero:
@@ -324,14 +359,21 @@ class Calibrator:
                     self.overhead_in_problem,
                     self.sampler.timed,
                 )
-                payload = (cal.problem.model_dump_json(), _record(cal))
+                record = _record(cal)
+                cost = time.perf_counter() - t0
+                record["calibration_seconds"] = cost
+                record["next_after_steps"] = (
+                    budget_interval(cost, cal.measured, self.budget) if self.budget else 0
+                )
+                payload = (cal.problem.model_dump_json(), record)
             except Exception as e:  # calibration must never stop training
                 log.warning("optpipe: calibration skipped (%s)", e)
         payload = self.comm.broadcast(payload)
         if payload is None:
             return None
-        record: dict[str, Any] = {"step": step, "schedule": schedule.generator}
+        record = {"step": step, "schedule": schedule.generator}
         record.update(payload[1])
+        self.sampler.min_interval = int(record["next_after_steps"])
         self.records.append(record)
         del self.records[:-MAX_CALIBRATION_RECORDS]
         self.overhead_in_problem = float(record["overhead_seconds"])

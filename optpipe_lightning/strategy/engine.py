@@ -7,9 +7,11 @@ feasible (``ScheduleRejectedError`` otherwise) and torch's lowering found it can
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -160,6 +162,10 @@ class PipelineEngine(_LossHook):
         self.user_loss = loss_fn
         self.bounds = group_bounds(partition)
         self._layer_hooks: list[Any] = []
+        # hand the loss out without waiting (the owner calls ``finish_loss_handout`` before the
+        # process group goes away; the strategy does)
+        self.async_loss = False
+        self._loss_handout: tuple[Any, torch.Tensor] | None = None  # (work, tensor) in flight
         self.layers = list(layers)
         self.local_groups, self.local_modules = _local_chains(
             self.layers, partition, problem, pp_rank, device
@@ -214,19 +220,24 @@ class PipelineEngine(_LossHook):
                         cursor.layer_fwd[idx].append(time.perf_counter() - starts[idx])
                         if cursor.count_bytes:
                             cursor.layer_byte_samples[idx] += 1
+                        if idx not in cursor.layer_io:  # what it takes and gives (identity)
+                            cursor.layer_io[idx] = f"{_shapes(_a)}->{_shapes(_o)}"
                     cursor.current_layer = None
 
                 self._layer_hooks.append(layer.register_forward_pre_hook(pre))
                 self._layer_hooks.append(layer.register_forward_hook(post))
 
-    def layer_costs(self) -> dict[int, tuple[float, float]]:
-        """Per local layer: (forward + share of its chunk's backward) seconds, saved bytes/mb.
+    def layer_costs(self) -> dict[int, tuple[float, float, list[float], str]]:
+        """Per local layer: (forward + share of its chunk's backward) seconds, saved bytes per
+        microbatch, every timed forward scaled the same way (its spread), and its identity
+        (class, parameter and buffer shapes, input and output shapes: equal identities are
+        identical layers).
 
         A layer's backward is estimated as its chunk's measured B + W scaled by the layer's
         share of the chunk's forward time.
         """
         cur = self.cursor
-        out: dict[int, tuple[float, float]] = {}
+        out: dict[int, tuple[float, float, list[float], str]] = {}
         for c, g in enumerate(self.local_groups):
             f = cur.times.get(("F", c), [])
             bw = cur.times.get(("B", c), []) + cur.times.get(("W", c), [])
@@ -237,7 +248,17 @@ class PipelineEngine(_LossHook):
                 fwd = statistics.median(ts) if ts else 0.0
                 n_saved = cur.layer_byte_samples.get(idx, 0)
                 saved = cur.layer_bytes.get(idx, 0) / n_saved if n_saved else 0.0
-                out[idx] = (fwd * (1.0 + ratio), saved)
+                layer = self.layers[idx]
+                ident = "|".join(
+                    (
+                        type(layer).__qualname__,
+                        _shapes(list(layer.parameters())),
+                        _shapes(list(layer.buffers())),
+                        cur.layer_io.get(idx, "?"),
+                    )
+                )
+                scaled = [t * (1.0 + ratio) for t in ts]
+                out[idx] = (fwd * (1.0 + ratio), saved, scaled, ident)
         return out
 
     @property
@@ -289,21 +310,50 @@ class PipelineEngine(_LossHook):
         return self._broadcast_loss(losses)
 
     def _broadcast_loss(self, losses: dict[int, torch.Tensor]) -> torch.Tensor:
-        """The batch's mean loss from the last group's rank, or its loss function's failure."""
+        """The batch's mean loss on every rank of the pipeline from the last group's rank, or
+        its loss function's failure.
+
+        With ``async_loss`` the sending rank does not wait for the others to take it: they may
+        still be running their last backwards, and waiting would push its optimizer update to
+        after theirs (two updates at once on shared cores and memory bandwidth, and no overlap
+        with the tail of the step). The hand-out completes in the background;
+        ``finish_loss_handout`` (at the next step, or at the end) waits for it. The receiving
+        ranks need the value (and the failure flag) now.
+        """
+        self.finish_loss_handout()
         m = self.problem.num_microbatches
         box = torch.zeros(2, device=self.device)
         if self.pp_rank == self.last_rank:
             if self.failure is not None:
                 box[1] = 1.0
             else:
-                box[0] = torch.stack([losses[i].float() for i in range(m)]).mean()
+                box[0] = torch.stack([losses[i].detach().float() for i in range(m)]).mean()
         if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
-            dist.broadcast(box, group=self.pp_group, group_src=self.last_rank)
+            if self.pp_rank == self.last_rank and self.async_loss:
+                sent = box.clone()  # the caller may change the result in place (replicas)
+                work = dist.broadcast(
+                    sent, group=self.pp_group, group_src=self.last_rank, async_op=True
+                )
+                self._loss_handout = (work, sent)
+            else:
+                dist.broadcast(box, group=self.pp_group, group_src=self.last_rank)
         if box[1] > 0:
             raise RuntimeError(
                 f"the loss function failed on the last pipeline stage: {self.failure!r}"
             ) from self.failure
         return box[0]
+
+    def finish_loss_handout(self, timeout: float | None = None) -> None:
+        """Wait until the other ranks took the last loss this rank sent (see above); with a
+        ``timeout`` (seconds, at the end of a run) give up after it and raise nothing."""
+        pending, self._loss_handout = self._loss_handout, None
+        if pending is None:
+            return
+        if timeout is None:
+            pending[0].wait()
+            return
+        with contextlib.suppress(Exception):  # a rank that died must not hang the others' end
+            pending[0].wait(timedelta(seconds=timeout))
 
     def switch(self, schedule: Schedule, problem: Problem | None = None) -> None:
         """Run ``schedule`` from the next step on (call on every rank at the same step boundary).
@@ -400,6 +450,17 @@ def _zero_loss(output: Any) -> torch.Tensor:
         if isinstance(t, torch.Tensor) and t.is_floating_point()
     ]
     return torch.stack(parts).sum() if parts else torch.zeros(())
+
+
+def _shapes(x: Any) -> str:
+    """The shapes and dtypes of the tensors in ``x`` (nested tuples, lists, dicts)."""
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)}:{str(x.dtype).removeprefix('torch.')}"
+    if isinstance(x, tuple | list):
+        return "(" + ",".join(_shapes(v) for v in x) + ")"
+    if isinstance(x, dict):
+        return "{" + ",".join(f"{k}={_shapes(v)}" for k, v in sorted(x.items())) + "}"
+    return type(x).__name__
 
 
 def _to_device(x: Any, device: torch.device) -> Any:

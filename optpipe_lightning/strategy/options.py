@@ -60,6 +60,7 @@ class PipelineOptions:
     calibrate_every: int = 4
     calibrate_min_steps: int = 8
     tune_host_allocator: bool = True
+    calibrate_budget: float | None = 0.005  # share of the time calibrations may take (None: any)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_CHOICES:
@@ -90,6 +91,11 @@ class PipelineOptions:
             raise OptPipeConfigError(
                 f"calibrate_every must be an integer >= 1, got {self.calibrate_every!r} "
                 "(turn calibration off with calibrate=False)"
+            )
+        b = self.calibrate_budget
+        if b is not None and (not isinstance(b, int | float) or not 0 < b <= 1):
+            raise OptPipeConfigError(
+                f"calibrate_budget must be a share of the time in (0, 1] or None, got {b!r}"
             )
         if not isinstance(self.calibrate_min_steps, int) or self.calibrate_min_steps < 1:
             raise OptPipeConfigError(

@@ -1,16 +1,27 @@
 """The strategy's link to the profiles database, guarded: training never stops for the database.
 
-Only global rank 0 talks to the database; every call is wrapped so a failure logs one warning and
-switches the link off, unless the user asked for ``require_database=True`` (then opening fails
-loudly before training starts). A run records its profile, every schedule it switches to (and
-the switch), every optimizer step's measured and predicted seconds against the schedule that
-ran it, and how it ended (``finished``, ``failed`` or ``interrupted``).
+Only global rank 0 talks to the database. A run records its profile, every schedule it switches
+to (and the switch), every optimizer step's measured and predicted seconds against the schedule
+that ran it, and how it ended (``finished``, ``failed`` or ``interrupted``).
+
+The log survives every switch: a schedule is stored under the problem it runs on (a solver
+incumbent made for the profiled costs runs on the calibrated ones: it is stored as run, with
+the running problem's hash; the actions are the same), so a switch to another problem hash,
+chunking or partition never fails the store. Step records are buffered and written in one
+short transaction every ``flush_seconds`` (and before a switch and at the end), so a step pays
+a list append, not a database commit.
+
+A failed write logs one warning and is retried with the next one (a busy SQLite file is
+transient); the link is switched off only after ``MAX_FAILURES`` failures in a row, unless the
+user asked for ``require_database=True`` (then opening fails loudly before training starts).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from typing import Any
 
 from ..schedule import Problem, Schedule
@@ -18,20 +29,80 @@ from ..schedule.profile import HardwareFingerprint, ModelFingerprint, Profile
 
 log = logging.getLogger(__name__)
 
+MAX_FAILURES = 3  # failed database calls in a row before the link is switched off
+FLUSH_SECONDS = 10.0  # buffered step records are written at most this long after their step
+
+
+_prefetched: dict[str | None, tuple[threading.Thread, list[Any]]] = {}
+
+
+def prefetch_database(url: str | None) -> None:
+    """Open the database in a thread of its own (SQLAlchemy's import and the migrations take
+    about a second): called while this process waits for the other ranks to start, it is
+    ready when the first step needs it. ``RunLog`` takes it over."""
+    if url in _prefetched:
+        return
+    box: list[Any] = []
+
+    def open_it() -> None:
+        try:
+            from ..profiles_db import open_database
+
+            box.append(open_database(url))
+        except Exception as e:  # reported by RunLog, like a failure to open there
+            box.append(e)
+
+    thread = threading.Thread(target=open_it, name="optpipe-open-database", daemon=True)
+    _prefetched[url] = (thread, box)
+    thread.start()
+
+
+def _open(url: str | None) -> Any:
+    """The database at ``url``: the prefetched one if there is one (raises what opening it
+    raised)."""
+    pre = _prefetched.pop(url, None)
+    if pre is None:
+        from ..profiles_db import open_database
+
+        return open_database(url)
+    pre[0].join()
+    result = pre[1][0] if pre[1] else RuntimeError("opening the database did not finish")
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def as_run(schedule: Schedule, problem: Problem) -> Schedule:
+    """``schedule`` stated for ``problem`` (what it runs on): same actions and generator, the
+    running problem's hash, no stale evaluation. Unchanged when it already is."""
+    if schedule.problem_hash == problem.hash:
+        return schedule
+    return schedule.model_copy(
+        update={"problem_hash": problem.hash, "problem": problem, "evaluation": None}
+    )
+
 
 class RunLog:
     """Profiles, schedules, steps and switches of one training run in the database."""
 
-    def __init__(self, url: str | None, enabled: bool, required: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        enabled: bool,
+        required: bool = False,
+        flush_seconds: float = FLUSH_SECONDS,
+    ) -> None:
         self.db: Any = None
         self.run_id: int | None = None
         self.schedule_id: int | None = None  # the running schedule's id
+        self.flush_seconds = flush_seconds
+        self.failures = 0  # failed calls in a row
+        self._steps: list[dict[str, Any]] = []  # buffered step records
+        self._last_flush = time.monotonic()
         if not enabled:
             return
         try:
-            from ..profiles_db import open_database
-
-            self.db = open_database(url)
+            self.db = _open(url)
         except Exception as e:
             if required:
                 raise RuntimeError(f"optpipe: cannot open the database {url!r}: {e}") from e
@@ -49,13 +120,23 @@ class RunLog:
             from ..profiles_db import repository as repo
 
             with self.db.session() as s:
-                return fn(repo, s, *args, **kwargs)
+                out = fn(repo, s, *args, **kwargs)
         except Exception as e:
-            log.warning(
-                "optpipe: database %s failed (%s); carrying on without the database", what, e
-            )
-            self.close()
+            self.failures += 1
+            if self.failures >= MAX_FAILURES:
+                log.warning(
+                    "optpipe: database %s failed (%s); %d failures in a row: carrying on without "
+                    "the database",
+                    what,
+                    e,
+                    self.failures,
+                )
+                self.close()
+            else:
+                log.warning("optpipe: database %s failed (%s); trying again later", what, e)
             return None
+        self.failures = 0
+        return out
 
     def find_profile(
         self, hardware: HardwareFingerprint, model: ModelFingerprint
@@ -66,9 +147,11 @@ class RunLog:
         return self._call("store", lambda repo, s: repo.store_profile(s, profile))
 
     def store_schedule(self, schedule: Schedule, problem: Problem, source: str) -> int | None:
+        """Store ``schedule`` as it runs on ``problem`` (``as_run``) with the problem."""
+        ran = as_run(schedule, problem)
         sid = self._call(
             "store",
-            lambda repo, s: repo.store_schedule(s, schedule, problem=problem, source=source),
+            lambda repo, s: repo.store_schedule(s, ran, problem=problem, source=source),
         )
         return sid
 
@@ -83,30 +166,68 @@ class RunLog:
         )
 
     def record_step(
-        self, step: int, seconds: float, predicted: float | None, peak_memory: list[float]
+        self, step: int, seconds: float, predicted: float | None, peak_memory: list[float] | None
     ) -> None:
-        """One optimizer step, against the schedule that ran it."""
+        """One optimizer step, against the schedule that ran it (buffered; see ``flush``).
+        ``peak_memory=None``: every device's peak comes later (``fill_peaks``)."""
         if self.run_id is None:
             return
-        run_id, schedule_id = self.run_id, self.schedule_id
-        self._call(
-            "record",
-            lambda repo, s: repo.record_step(
-                s,
-                run_id,
-                step=step,
-                measured_seconds=seconds,
-                predicted_seconds=predicted,
-                schedule_id=schedule_id,
-                peak_memory=peak_memory,
-            ),
+        self._steps.append(
+            {
+                "step": step,
+                "measured_seconds": seconds,
+                "predicted_seconds": predicted,
+                "schedule_id": self.schedule_id,
+                "peak_memory": peak_memory,
+            }
         )
+        if time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    @property
+    def pending_steps(self) -> int:
+        return len(self._steps)
+
+    def fill_peaks(self, peaks: dict[int, list[float]]) -> None:
+        """Every device's peak memory of buffered steps (by step)."""
+        for row in self._steps:
+            if row["peak_memory"] is None and row["step"] in peaks:
+                row["peak_memory"] = peaks[row["step"]]
+
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered step records in one transaction (kept for the next try if it
+        fails); steps still waiting for their peaks stay, unless ``final``."""
+        self._last_flush = time.monotonic()
+        if self.run_id is None or not self._steps:
+            return
+        run_id = self.run_id
+        ready = len(self._steps)
+        for i, row in enumerate(self._steps):
+            if row["peak_memory"] is None:
+                if not final:
+                    ready = i
+                    break
+                row["peak_memory"] = []
+        rows = self._steps[:ready]
+        if not rows:
+            return
+
+        def write(repo: Any, s: Any) -> bool:
+            for row in rows:
+                repo.record_step(s, run_id, **row)
+            return True
+
+        if self._call("record", write):
+            del self._steps[: len(rows)]
+        elif self.db is None:
+            self._steps.clear()
 
     def record_switch(self, step: int, schedule: Schedule, problem: Problem, reason: str) -> None:
-        """``schedule`` runs from ``step`` on: store it and the switch to it."""
+        """``schedule`` runs on ``problem`` from ``step`` on: store both and the switch."""
+        self.flush()  # write what is ready (every buffered step keeps its schedule id)
         from_id = self.schedule_id
-        self.schedule_id = self.store_schedule(schedule, problem, source=reason)
-        to_id = self.schedule_id
+        to_id = self.store_schedule(schedule, problem, source=reason)
+        self.schedule_id = to_id
         if self.run_id is None or to_id is None:
             return
         run_id = self.run_id
@@ -118,6 +239,7 @@ class RunLog:
         )
 
     def finish(self, status: str) -> None:
+        self.flush(final=True)
         if self.run_id is not None:
             run_id = self.run_id
             self._call("finish", lambda repo, s: repo.finish_training_run(s, run_id, status=status))

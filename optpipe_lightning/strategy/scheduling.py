@@ -14,13 +14,24 @@ own, one per microbatch count and input shape.
 
 Messages (switches, the chosen schedule and its predicted step time, calibrations, profiling)
 go to ``notify`` (the strategy passes Lightning's rank-zero messages).
+
+What a step costs outside the pipeline stays small: the loss hand-out does not hold up the rank
+that sends it (``PipelineEngine``), the run log buffers its records, calibrations keep to a
+budget, the re-solve's poll is a broadcast no rank waits for, and steps that overlap a solve do
+not feed calibration. The run log compares like with like: every optimizer step's wall time
+(boundary to boundary, on global rank 0) against its prediction: the running schedule's makespan
+per pipeline step plus the time outside the pipeline (optimizer update, the training loop),
+the median of the recent steps' measured share (``OUTSIDE_WINDOW``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import statistics
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,7 +62,7 @@ from .profiler import (
     profile_pipeline,
 )
 from .repartition import move_to_partition, profiled_partition
-from .resolve import OnlineResolve
+from .resolve import OnlineResolve, RunContext
 from .run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -68,6 +79,11 @@ def _log_notify(text: str, detail: bool = False) -> None:
 def _chunking(problem: Problem) -> tuple[int, Placement]:
     """(chunks per device, placement); one chunk has no placement to speak of."""
     return problem.num_chunks, problem.placement if problem.num_chunks > 1 else "interleaved"
+
+
+OUTSIDE_WINDOW = 16  # recent steps whose time outside the pipeline predicts the next one's
+PEAKS_EVERY = 16  # GPU: every rank's peak memory per step is gathered this often (not per step)
+CLOSE_WAIT_SECONDS = 60.0  # at the end, how long to wait for what is still in flight
 
 
 class Scheduler:
@@ -107,7 +123,9 @@ class Scheduler:
         self.switches: list[dict[str, Any]] = []  # every switch: step, generator, reason
         self.profile: Profile | None = None
         self.run_log: RunLog | None = None
-        self.calibrator = Calibrator(comm, options.calibrate_every, options.calibrate_min_steps)
+        self.calibrator = Calibrator(
+            comm, options.calibrate_every, options.calibrate_min_steps, options.calibrate_budget
+        )
         self.resolve = OnlineResolve(
             comm,
             options.solver_backend,
@@ -115,6 +133,7 @@ class Scheduler:
             options.resolve_min_gain,
             options.resolve_start_method,
             on_message=lambda text: notify(text, False),
+            device=device,
         )
         self._hardware: Any = None
         self._model_fp: Any = None
@@ -123,6 +142,13 @@ class Scheduler:
         self._may_repartition = False
         self._step_seconds = 0.0
         self._step_count = 0  # pipeline steps in this optimizer step (accumulate_grad_batches)
+        self._boundary: float | None = None  # when the last optimizer step ended (perf_counter)
+        self._outside: deque[float] = deque(maxlen=OUTSIDE_WINDOW)  # seconds outside the pipeline
+        self._walls: deque[float] = deque(maxlen=OUTSIDE_WINDOW)  # the running schedule's steps
+        self._peaks: dict[int, float] = {}  # GPU: this rank's peak memory per step, not gathered
+        self._solve_pending = False  # a solve is to be planned at the next boundary
+        self._total_steps: float | None = None  # optimizer steps of the whole fit (inf: unknown)
+        self.predicted_step: float | None = None  # the whole optimizer step's prediction
 
     @property
     def calibrations(self) -> list[dict[str, Any]]:
@@ -220,7 +246,9 @@ class Scheduler:
     # ---- the engine --------------------------------------------------------------------------
 
     def new_engine(self, problem: Problem, schedule: Schedule, measure: bool) -> PipelineEngine:
-        return PipelineEngine(
+        if self.engine is not None:
+            self.engine.finish_loss_handout()  # the old engine's last hand-out
+        engine = PipelineEngine(
             list(self.spec.layers),
             None,
             problem,
@@ -232,6 +260,8 @@ class Scheduler:
             offload_min_bytes=self.options.offload_min_bytes,
             measure=measure,
         )
+        engine.async_loss = True  # ``close`` (and a new engine) waits for the last hand-out
+        return engine
 
     def build(self, num_microbatches: int, microbatch_size: int, world_size: int) -> None:
         """The training engine, on the first step: stored profile, or the profiling phase."""
@@ -290,6 +320,8 @@ class Scheduler:
     def forward_pipeline(self, num_microbatches: int, shape: Any) -> ForwardPipeline:
         """The forward-only pipeline for this microbatch count and input shape (cached)."""
         key = (num_microbatches, shape)
+        if self.engine is not None:
+            self.engine.finish_loss_handout()  # training's last hand-out, before other traffic
         pipe = self.forward_pipelines.get(key)
         if pipe is None:
             pipe = ForwardPipeline(
@@ -319,10 +351,13 @@ class Scheduler:
         assert self.engine is not None
         cursor = self.engine.cursor
         sampler = self.calibrator.sampler
-        sampling = self.phase == "run" and self.options.calibrate
+        # a background solve moves op times (its CPU use): its steps do not feed calibration
+        sampling = self.phase == "run" and self.options.calibrate and not self.resolve.active
         if sampling:
             cursor.measure = sampler.time_ops_next()
         t0 = time.perf_counter()
+        if self._boundary is None:
+            self._boundary = t0
         losses = self.engine.run(arg_mbs, targets, grad_scale, loss_fn)
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
@@ -353,21 +388,25 @@ class Scheduler:
     def at_boundary(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
         """Every rank, same optimizer step: record, end profiling, calibrate, switch."""
         self.optimizer_steps += 1
+        now = time.perf_counter()
+        wall = now - (self._boundary if self._boundary is not None else now)
+        self._boundary = now
         seconds, self._step_seconds = self._step_seconds, 0.0
         count, self._step_count = max(self._step_count, 1), 0
-        peaks: list[float] = []
-        if self.device.type == "cuda":  # pragma: no cover - GPU only
-            peaks = [
-                float(x) for x in self.comm.gather(torch.cuda.max_memory_allocated(self.device))
-            ]
-            torch.cuda.reset_peak_memory_stats(self.device)
-        if self.run_log is not None and self.run_log.active and self.engine is not None:
-            # predictions only for schedules chosen on measured costs (not while profiling)
-            # (one pipeline step per accumulated batch: the optimizer step takes ``count`` of them)
-            pred = self.predicted * count if self.phase == "run" and self.predicted else None
-            self.run_log.record_step(self.optimizer_steps, seconds, pred, peaks)
+        self._outside.append(max(0.0, wall - seconds))
+        if self.engine is not None and self.phase == "run":
+            self._walls.append(wall)
+            # keyed by the switch that started the schedule: two solver schedules differ
+            self.resolve.note_step(f"{len(self.switches)}:{self.engine.schedule.generator}", wall)
+        self._record_step(wall)
+        try:
+            self._at_boundary(module, optimizers, count)
+        finally:
+            self._predict_next(count)
+
+    def _at_boundary(self, module: nn.Module, optimizers: Sequence[Optimizer], count: int) -> None:
         if self.phase == "run" and self.options.calibrate and self.calibrator.sampler.due():
-            self.calibrate()
+            self.calibrate(module, count)
         if self.phase == "profiling":
             self._profiled_steps += 1
             if self._profiled_steps >= self.options.profile_steps + 1:  # first: a warm-up
@@ -378,6 +417,71 @@ class Scheduler:
             assert self.engine is not None
             sched = Schedule.from_json(decision.schedule_json)
             self.switch(sched, self.engine.problem, decision.reason)
+        if self._solve_pending and self.phase == "run":
+            self._solve_pending = False
+            assert self.engine is not None
+            self.resolve.start(
+                self.engine.problem, self.engine.schedule, self.context(module, count)
+            )
+
+    def _record_step(self, wall: float) -> None:
+        """The step in the run log (global rank 0): its wall seconds against the prediction made
+        before it (``predicted_step``)."""
+        cuda = self.device.type == "cuda"
+        if self.run_log is not None and self.run_log.active and self.engine is not None:
+            # GPU: every rank's peaks come later (``_gather_peaks``); CPU: none
+            self.run_log.record_step(
+                self.optimizer_steps, wall, self.predicted_step, None if cuda else []
+            )
+        if cuda:  # pragma: no cover - GPU only
+            self._peaks[self.optimizer_steps] = float(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+            if self.optimizer_steps % PEAKS_EVERY == 0:
+                self._gather_peaks()
+
+    def _predict_next(self, count: int) -> None:
+        """The next optimizer step's prediction: predictions only for schedules chosen on
+        measured costs (not while profiling); one pipeline step per accumulated batch (the
+        optimizer step takes ``count`` of them) plus the recent time outside the pipeline."""
+        if self.phase == "run" and self.predicted:
+            outside = statistics.median(self._outside) if self._outside else 0.0
+            self.predicted_step = self.predicted * count + outside
+        else:
+            self.predicted_step = None
+
+    def _gather_peaks(self) -> None:  # pragma: no cover - GPU only
+        """Every rank's peak memory of the steps since the last gather, to the run log."""
+        mine, self._peaks = self._peaks, {}
+        parts = self.comm.gather(mine)
+        if self.run_log is not None and self.run_log.active:
+            steps = sorted(set().union(*(p.keys() for p in parts)))
+            self.run_log.fill_peaks({k: [float(p.get(k, 0.0)) for p in parts] for k in steps})
+
+    def context(self, module: Any, count: int = 1) -> RunContext:
+        """What a solve plan needs: the step now, the steps left (global rank 0's view)."""
+        if self._total_steps is None:
+            total = math.inf
+            trainer = getattr(module, "_trainer", None)
+            try:
+                if trainer is not None:
+                    total = float(trainer.estimated_stepping_batches)
+            except Exception:  # unknown length: count on many steps
+                total = math.inf
+            self._total_steps = total if total > 0 else math.inf
+        if len(self._walls) >= 3:  # measured (the first after a switch carries the switch)
+            step = statistics.median(self._walls)
+        else:
+            outside = statistics.median(self._outside) if self._outside else 0.0
+            step = (self.predicted or 0.0) * count + outside
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        world = self.comm.num_stages * self.comm.data_parallel
+        return RunContext(
+            step_seconds=step,
+            remaining_steps=max(0.0, self._total_steps - self.optimizer_steps),
+            pipeline_steps=count,
+            training_processes=int(local) if local and local.isdigit() else world,
+            threads_per_process=torch.get_num_threads() if self.device.type == "cpu" else 1,
+        )
 
     def adopt(self, problem: Problem, reason: str) -> None:
         """Choose the schedule on global rank 0, broadcast it, switch every rank to it."""
@@ -412,8 +516,10 @@ class Scheduler:
             self.rechunk(problem)
         self.switch(sched, problem, reason)
         self.phase = "run"
-        if o.online_resolve and o.schedule_source is None and o.schedule == "optimal":
-            self.resolve.start(problem, sched)
+        # planned at the next boundary, when the steps left and a step's time are known
+        self._solve_pending = (
+            o.online_resolve and o.schedule_source is None and o.schedule == "optimal"
+        )
 
     def switch(self, schedule: Schedule, problem: Problem, reason: str) -> None:
         assert self.engine is not None
@@ -421,6 +527,7 @@ class Scheduler:
         self.engine.switch(schedule, problem)
         self.engine.cursor.set_measure(False)
         self.calibrator.sampler.reset()  # calibration data belongs to the schedule that made it
+        self._walls.clear()
         pred = simulate(problem, schedule.actions).makespan
         # a prediction in seconds needs measured costs (unit costs predict nothing)
         self.predicted = None if problem.name == "unprofiled" else pred
@@ -442,7 +549,7 @@ class Scheduler:
         if self.run_log is not None and self.run_log.active:
             self.run_log.record_switch(self.optimizer_steps, schedule, problem, reason)
 
-    def calibrate(self) -> None:
+    def calibrate(self, module: Any = None, count: int = 1) -> None:
         """Re-estimate the costs from the running schedule's steps (see ``Calibrator``); the
         engine, the predicted step time and the background solver use them from now on."""
         assert self.engine is not None
@@ -465,7 +572,7 @@ class Scheduler:
             f"ms, overhead {1e3 * record['overhead_seconds']:.3g} ms per action",
             not (res.first or moved),
         )
-        self.resolve.on_calibrated(res.problem, self.engine.schedule)
+        self.resolve.on_calibrated(res.problem, self.engine.schedule, self.context(module, count))
 
     # ---- profiling ---------------------------------------------------------------------------
 
@@ -504,11 +611,12 @@ class Scheduler:
             self.partition,
             min(limits) if limits else None,
         )
-        if decision is None:
+        if decision.partition is None:
             return False
         old = self.partition
+        self.engine.finish_loss_handout()
         move_to_partition(module, optimizers, self.engine, self.comm, self.device)
-        self.partition = list(decision)
+        self.partition = list(decision.partition)
         assert self._model_fp is not None
         self._model_fp = self._model_fp.model_copy(update={"partition": self.partition})
         base = self.shape_problem()
@@ -526,7 +634,7 @@ class Scheduler:
         )
         self.notify(
             f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {self.partition} "
-            "(profiled per-layer costs)",
+            f"(profiled per-layer costs: {decision.reason})",
             False,
         )
         return True
@@ -544,6 +652,7 @@ class Scheduler:
             new = chunked_partition(layers, v, placement)
         except PartitionError as e:
             raise NoScheduleError(f"the chosen schedule runs {v} chunks per device: {e}") from None
+        self.engine.finish_loss_handout()
         move_to_partition(self.module, self.optimizers(), self.engine, self.comm, self.device)
         self.partition, self.num_chunks, self.placement = new, v, placement
         if self._model_fp is not None:
@@ -563,7 +672,11 @@ class Scheduler:
 
     def close(self, status: str) -> None:
         """Stop the background solver; record how the run ended."""
-        self.resolve.stop()
+        self.resolve.stop(timeout=CLOSE_WAIT_SECONDS)
+        if self.engine is not None:
+            self.engine.finish_loss_handout(timeout=CLOSE_WAIT_SECONDS)
+        if status == "finished" and self.device.type == "cuda" and self.engine is not None:
+            self._gather_peaks()  # pragma: no cover - GPU only (a collective: all ranks are here)
         if self.run_log is not None:
             self.run_log.finish(status)
             self.run_log.close()

@@ -55,6 +55,7 @@ class RankCursor:
         self.layer_fwd: dict[int, list[float]] = defaultdict(list)
         self.layer_bytes: dict[int, int] = defaultdict(int)
         self.layer_byte_samples: dict[int, int] = defaultdict(int)
+        self.layer_io: dict[int, str] = {}  # input and output shapes (a layer's identity)
 
     def set_measure(self, on: bool) -> None:
         self.measure = self.count_bytes = on

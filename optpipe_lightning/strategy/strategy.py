@@ -68,6 +68,7 @@ from .options import (
 )
 from .partition import balanced_partition, validate_partition
 from .process_groups import PipelineComm, make_groups
+from .run_log import prefetch_database
 from .scheduling import Scheduler
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
@@ -124,6 +125,8 @@ class OptPipeStrategy(ParallelStrategy):
             the kernel and faulting it in again (steadier, faster op times; see
             ``host_allocator.py``); nothing is changed when ``MALLOC_*`` variables are set or
             another allocator is preloaded.
+        calibrate_budget: share of the training time calibrations may take (a calibration
+            waits until its cost is that share of the steps since the last); None: no limit.
     """
 
     strategy_name = "optpipe"
@@ -159,6 +162,7 @@ class OptPipeStrategy(ParallelStrategy):
         calibrate_every: int = 4,
         calibrate_min_steps: int = 8,
         tune_host_allocator: bool = True,
+        calibrate_budget: float | None = 0.005,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -189,6 +193,7 @@ class OptPipeStrategy(ParallelStrategy):
             calibrate_every=calibrate_every,
             calibrate_min_steps=calibrate_min_steps,
             tune_host_allocator=tune_host_allocator,
+            calibrate_budget=calibrate_budget,
         )
         self._start_method = start_method
         self._process_group_backend = process_group_backend
@@ -337,6 +342,8 @@ class OptPipeStrategy(ParallelStrategy):
             _get_default_process_group_backend_for_device(self.root_device)
         )
         assert self.cluster_environment is not None
+        if self.global_rank == 0 and self.options.use_database:
+            prefetch_database(self.options.database)  # while the other ranks start (run_log.py)
         kwargs: dict[str, Any] = {"timeout": self._timeout}
         if self.root_device.type != "cpu":
             kwargs["device_id"] = self.root_device

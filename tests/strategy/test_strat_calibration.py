@@ -243,7 +243,7 @@ def test_scheduler_calibrates_its_problem_prediction_and_solver(
     sch.resolve.solver = solver  # type: ignore[assignment]
     sch.resolve.solved_problem = profiled
     restarts: list[Problem] = []
-    monkeypatch.setattr(sch.resolve, "start", lambda pb, cur: restarts.append(pb))
+    monkeypatch.setattr(sch.resolve, "start", lambda pb, cur, ctx, why="": restarts.append(pb))
     real = float(simulate(with_action_overhead(TRUE, TRUE_OVERHEAD), sched.actions).makespan or 0)
     rng = random.Random(5)
     # one process plays both ranks: its sampler's samples are every stage's (gather is [mine])
