@@ -220,8 +220,9 @@ class Scheduler:
         problem: Problem = profile.to_problem(memory_limit=limit)
         if not self.options.offload and problem.offload is not None:
             problem = problem.with_changes(offload=None)
-        if "layers_per_stage" in Problem.model_fields:
-            # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below)
+        if self.options.num_chunks is None and self.options.placement is None:
+            # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below);
+            # a chunking the user set stays
             problem = problem.with_changes(layers_per_stage=stage_layers(self.partition, problem))
         return problem
 

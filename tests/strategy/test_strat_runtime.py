@@ -225,7 +225,7 @@ def _scheduler(**options: Any) -> Scheduler:
         problem=problem,
         schedule=sched,
         cursor=_Cursor(),
-        step=lambda x, y, grad_scale: torch.zeros(()),
+        run=lambda args, targets, grad_scale, loss_fn: {},
     )
     sch.phase = "run"
     sch.predicted = float(simulate(problem, sched.actions).makespan or 0.0)
@@ -237,11 +237,11 @@ def test_steps_overlapping_a_solve_are_not_calibrated() -> None:
     sampler = sch.calibrator.sampler
     sch.resolve.active = True  # a solve runs (the same on every rank)
     for _ in range(20):
-        sch.run_step(None, None, 1.0)
+        sch.run_step(None, [], 1.0, lambda o, y: o)
     assert sampler.steps == 0 and not sampler.walls and not sampler.ops
     sch.resolve.active = False
     for _ in range(3):
-        sch.run_step(None, None, 1.0)
+        sch.run_step(None, [], 1.0, lambda o, y: o)
     assert sampler.steps == 3 and len(sampler.walls) == 2  # one warm-up step left out
 
 
@@ -252,16 +252,16 @@ def test_the_prediction_covers_the_whole_optimizer_step(monkeypatch: pytest.Monk
     clock = [100.0]
     monkeypatch.setattr("optpipe_lightning.strategy.scheduling.time.perf_counter", lambda: clock[0])
 
-    def step(x: Any, y: Any, grad_scale: float) -> torch.Tensor:
+    def run(args: Any, targets: Any, grad_scale: float, loss_fn: Any) -> dict[int, torch.Tensor]:
         clock[0] += 0.2
-        return torch.zeros(())
+        return {}
 
-    sch.engine.step = step  # type: ignore[union-attr]
+    sch.engine.run = run  # type: ignore[union-attr]
     sch.options = PipelineOptions(num_stages=2, num_microbatches=8, calibrate=False)
     sch._solve_pending = False
     assert sch.predicted_step is None
     for _ in range(5):
-        sch.run_step(None, None, 1.0)
+        sch.run_step(None, [], 1.0, lambda o, y: o)
         clock[0] += 0.05  # optimizer update, Lightning's loop
         sch.at_boundary(nn.Linear(1, 1), [])
         # the running schedule's makespan plus the measured time outside the pipeline
