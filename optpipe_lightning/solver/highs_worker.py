@@ -1,6 +1,7 @@
 """Child process for the HiGHS backend (see ``milp._solve_highs_isolated``).
 
-Reads one base64 pickle ``(model, start, time_limit, gap, seed, workers)`` line on stdin,
+Reads one base64 pickle ``(model, start, ends_at, gap, seed, workers)`` line on stdin (``ends_at``:
+when the search must end, on ``time.monotonic()``),
 writes base64 pickles ``("solution", starts, ends, obj, bound)`` and finally ``("done", outcome)``
 on stdout; a ``stop`` line on stdin interrupts the search. Never imports OR-Tools.
 """
@@ -8,17 +9,26 @@ on stdout; a ``stop`` line on stdin interrupts the search. Never imports OR-Tool
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import sys
 import threading
+import time
 
 from .milp import MilpOutcome, _solve_highs
 from .ticks import OpKey
 
 
 def main() -> None:
+    # the protocol gets a private copy of stdout; fd 1 itself goes to /dev/null, so whatever
+    # HiGHS's C++ code prints there (its log, whatever the options say) cannot corrupt it
+    proto = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
     payload = pickle.loads(base64.b64decode(sys.stdin.buffer.readline()))
-    lm, start, time_limit, gap, seed, workers = payload
+    lm, start, ends_at, gap, seed, workers = payload
+    time_limit = ends_at - time.monotonic()  # what is left after this process started
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -32,8 +42,8 @@ def main() -> None:
 
     def send(msg: tuple[object, ...]) -> None:
         with lock:
-            sys.stdout.buffer.write(base64.b64encode(pickle.dumps(msg)) + b"\n")
-            sys.stdout.buffer.flush()
+            proto.write(base64.b64encode(pickle.dumps(msg)) + b"\n")
+            proto.flush()
 
     def sol(st: dict[OpKey, int], en: dict[OpKey, int], obj: int, bnd: int) -> None:
         send(("solution", st, en, obj, bnd))

@@ -548,7 +548,10 @@ def _solve_highs_isolated(
     import sys
     import time
 
-    payload = pickle.dumps((lm, start, time_limit, gap_target, seed, workers))
+    # the child's search ends at this instant (CLOCK_MONOTONIC is the same in every process),
+    # whatever its start-up took on a busy machine
+    ends_at = time.monotonic() + time_limit
+    payload = pickle.dumps((lm, start, ends_at, gap_target, seed, workers))
     proc = subprocess.Popen(
         [sys.executable, "-m", "optpipe_lightning.solver.highs_worker"],
         stdin=subprocess.PIPE,
@@ -567,7 +570,7 @@ def _solve_highs_isolated(
         lines.put(b"")
 
     threading.Thread(target=reader, daemon=True).start()
-    deadline = time.monotonic() + time_limit + 30.0  # HiGHS may overrun its time limit
+    deadline = ends_at + 1.0  # HiGHS overruns its own limit a little; then it is told to stop
     out: MilpOutcome | None = None
     told = False
     try:
@@ -579,7 +582,7 @@ def _solve_highs_isolated(
                 except OSError:
                     pass
                 told = True
-                deadline = time.monotonic() + 10.0
+                deadline = time.monotonic() + 2.0  # then it is killed (its incumbents are kept)
             elif told and time.monotonic() > deadline:
                 break
             try:
@@ -588,7 +591,10 @@ def _solve_highs_isolated(
                 continue
             if not line:
                 break
-            msg = pickle.loads(base64.b64decode(line))
+            try:
+                msg = pickle.loads(base64.b64decode(line.strip(), validate=True))
+            except (ValueError, pickle.UnpicklingError, EOFError):
+                continue  # not a protocol line (a stray print of the child): skip it
             if msg[0] == "solution":
                 if on_solution is not None:
                     on_solution(msg[1], msg[2], msg[3], msg[4])
