@@ -345,7 +345,9 @@ def test_run_log_survives_a_failed_write(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
     """The solver child: a fresh interpreter at nice 19 (no torch import), incumbents back as
-    schedule JSON, the best one beating GPipe by min_gain becomes a switch."""
+    schedule JSON, the best one beating GPipe by min_gain becomes a switch. (The incumbents are
+    checked on a child at the test's own priority: at nice 19 on a machine busy with other work
+    the child may get no CPU for minutes, which is the point of nice 19.)"""
     import os
     import time
 
@@ -354,21 +356,27 @@ def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
     problem = Problem(num_stages=4, num_microbatches=8, t_f=0.01, t_b=0.01, t_w=0.01)
     gpipe = generate("gpipe", problem)
     span = float(simulate(problem, gpipe.actions).makespan or 0.0)
-    solver = BackgroundSolver(problem, span, time_limit=1.0, start_method="spawn", workers=1)
+    low = BackgroundSolver(problem, span, time_limit=1.0, start_method="spawn", workers=1)
     try:
         base = os.getpriority(os.PRIO_PROCESS, 0)
         seen = base
         deadline = time.monotonic() + 60
-        while solver.proc.poll() is None and time.monotonic() < deadline:
+        while low.proc.poll() is None and time.monotonic() < deadline:
             try:
-                seen = os.getpriority(os.PRIO_PROCESS, solver.proc.pid)
+                seen = os.getpriority(os.PRIO_PROCESS, low.proc.pid)
             except OSError:  # exited between the two calls
                 break
             if seen != base:
                 break
             time.sleep(0.01)
         assert seen == min(base + SOLVER_NICE, 19)
-        assert solver.proc.wait(timeout=60) == 0
+    finally:
+        low.stop()
+    solver = BackgroundSolver(
+        problem, span, time_limit=1.0, start_method="spawn", workers=1, nice=0
+    )
+    try:
+        assert solver.proc.wait(timeout=300) == 0
         decisions = [solver.poll() for _ in range(3)]
     finally:
         solver.stop()
