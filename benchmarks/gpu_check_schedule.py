@@ -238,12 +238,13 @@ def stage_schedule(
     assert sim.evaluation.makespan is not None and sim.evaluation.peak_memory is not None
     sim_peak = float(sim.evaluation.peak_memory[0])
     # the rule the profile used before per-op memory (and still uses on CPU): B frees nothing,
-    # W frees the saved bytes; group 0's output lives until its backward
+    # W frees the saved bytes; group 0's output lives until its backward (same limit: the same
+    # memory waits; its peak is reported even where the rule would not fit it)
     rule = harness_problem(
         m,
         c1 | {"m_f": act, "m_b": 0.0},
         in_bytes,
-        memory_limit=None,
+        memory_limit=limit,
         offload_bytes=min(off, act),
         bandwidth=bandwidth,
     )
