@@ -241,7 +241,9 @@ def goal_summary(data: dict[str, Any]) -> str:
             f"stage peak memory measured / predicted (simulator + reserve) = "
             f"{ms['peak_over_predicted']:.3f} (goal within 5%: "
             f"{'met' if ms.get('peak_within_5pct') else 'NOT met'}; simulator alone "
-            f"{ms.get('peak_over_simulator_peak', float('nan')):.3f}, the old rule "
+            f"{ms.get('peak_over_simulator_peak', float('nan')):.3f}, in the executor's order "
+            f"+ reserve {ms.get('peak_over_executor_order_plus_reserve', float('nan')):.3f}, "
+            "the old rule "
             f"{ms.get('peak_over_rule_model', float('nan')):.3f})"
         )
     lt = data["sections"].get("stage_schedule", {}).get("results", {}).get("level_trace") or {}

@@ -194,6 +194,12 @@ def markdown(d: dict[str, Any]) -> str:
                 f"| activation peak (MB): simulator alone | {pr['simulator_peak_bytes'] / 1e6:.4g} "
                 f"| {got} | {_f(ms.get('peak_over_simulator_peak'))} |"
             )
+        if "executor_order_peak_bytes" in pr:
+            lines.append(
+                f"| activation peak (MB): the model in the executor's order + reserve | "
+                f"{(pr['executor_order_peak_bytes'] + pr.get('reserve_bytes', 0.0)) / 1e6:.4g} | "
+                f"{got} | {_f(ms.get('peak_over_executor_order_plus_reserve'))} |"
+            )
         if "rule_model_peak_bytes" in pr:
             lines.append(
                 f"| activation peak (MB): the rule (B frees nothing) | "

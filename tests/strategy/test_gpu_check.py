@@ -138,6 +138,8 @@ def test_the_stage_is_predicted_on_measured_per_op_memory_plus_the_reserve(
     assert pr["reserve_bytes"] == 5 * a  # the largest transient of the stage's ops
     assert pr["activation_peak_bytes"] == pr["simulator_peak_bytes"] + 5 * a
     assert pr["simulator_peak_bytes"] >= 10 * a  # at least one microbatch's activation
+    # the executor frees an offload no earlier, and allocates a reload no later, than the model
+    assert pr["executor_order_peak_bytes"] >= pr["simulator_peak_bytes"]
     assert st["measured"]["activation_peak_bytes"] is None  # CPU: no measured peak to compare
     # one more step watched per action against the simulator's level: the made-up allocator
     # moves as the model does, except that it does not see offloads (the model frees their
