@@ -53,7 +53,8 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 from gpu_check_copies import copy_engines, overlap  # noqa: E402
 from gpu_check_report import Report  # noqa: E402
-from gpu_check_stage import LayerShape, op_costs, stage_schedule  # noqa: E402
+from gpu_check_schedule import stage_schedule  # noqa: E402
+from gpu_check_stage import LayerShape, op_costs  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def run_section(
         sec["error"] = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
         # torch wraps a failing backward in a RuntimeError whose message says little: keep the
         # causes too (the chain's root names the real failure)
-        causes, c = [], e.__cause__ or e.__context__
+        causes: list[str] = []
+        c = e.__cause__ or e.__context__
         while c is not None and len(causes) < 4:
             causes.append(f"{type(c).__name__}: {c}".strip().splitlines()[0][:500])
             c = c.__cause__ or c.__context__
@@ -228,6 +230,31 @@ def gpu_tests(res: dict[str, Any], flush: Callable[[], None], budget: Budget) ->
 
 
 # -- main -----------------------------------------------------------------------------------------
+
+
+def goal_summary(data: dict[str, Any]) -> str:
+    """One line with the numbers the goals are judged on (empty when none was measured)."""
+    ms = data["sections"].get("stage_schedule", {}).get("results", {}).get("measured", {})
+    parts = []
+    if ms.get("peak_over_predicted") is not None:
+        parts.append(
+            f"stage peak memory measured / predicted (simulator + reserve) = "
+            f"{ms['peak_over_predicted']:.3f} (goal within 5%: "
+            f"{'met' if ms.get('peak_within_5pct') else 'NOT met'}; simulator alone "
+            f"{ms.get('peak_over_simulator_peak', float('nan')):.3f}, in the executor's order "
+            f"+ reserve {ms.get('peak_over_executor_order_plus_reserve', float('nan')):.3f}, "
+            "the old rule "
+            f"{ms.get('peak_over_rule_model', float('nan')):.3f})"
+        )
+    lt = data["sections"].get("stage_schedule", {}).get("results", {}).get("level_trace") or {}
+    if "largest_gap_bytes" in lt:
+        parts.append(
+            f"allocator above the model by at most {lt['largest_gap_bytes'] / 1e6:.4g} MB "
+            f"(before {lt['largest_gap_before']})"
+        )
+    if ms.get("time_over_predicted") is not None:
+        parts.append(f"stage time measured / simulated = {ms['time_over_predicted']:.3f}")
+    return "; ".join(parts)
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
@@ -384,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         dog.cancel()
     report.data["elapsed_s"] = round(budget.used(), 1)
     report.write()
+    goals = goal_summary(report.data)
+    if goals:
+        log(goals)
     bad = [n for n, s in report.data["sections"].items() if s["status"] != "ok"]
     log(
         f"done in {budget.used():.1f} s; "

@@ -65,9 +65,15 @@ a100   312e12           19.5e12      300e9 (NVLink 3)    25e9 (PCIe 4 x16)
 cpu    1e12             1e12         5e9 (gloo, local)   10e9 (memcpy)
 =====  ===============  ===========  ==================  =======================
 
-(``cpu`` is a nominal 16-core AVX-512 host, efficiency 0.5.) Memory limit: ``memory_limit``
-in bytes per stage, or ``memory_limit_microbatches`` in units of one microbatch's activation on
-the heaviest stage (``Problem.activation_unit()``, the sum of ``m_f`` over its chunks); not both.
+(``cpu`` is a nominal 16-core AVX-512 host, efficiency 0.5.) Measured on one H200 (bf16, 2 GPT
+layers, ``scaled_dot_product_attention``, b=1; BENCHMARKS.md "GPU check"): the forward implies
+efficiency 0.74 at h=4096 s=4096 and 0.50 at h=2048 s=2048; at h=4096 F, B, W took 0.61, 0.74,
+0.92 of their estimates at 0.45 (W, small matmuls, 2.57 at h=2048). The default stays 0.45 (the
+shipped examples are built on it); pass ``efficiency`` for a measured device.
+
+Memory limit: ``memory_limit`` in bytes per stage, or ``memory_limit_microbatches`` in units of
+one microbatch's activation on the heaviest stage (``Problem.activation_unit()``, the sum of
+``m_f`` over its chunks); not both.
 """
 
 from __future__ import annotations

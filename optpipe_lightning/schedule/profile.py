@@ -3,6 +3,14 @@
 A ``Profile`` is what the strategy's profiler measures on this hardware for this model: per
 (stage, chunk) op times with their spread, activation bytes, copy bandwidths and p2p time.
 ``Profile.to_problem`` turns it into a ``Problem`` for the solver.
+
+Memory per (stage, chunk): where the profile carries what the CUDA allocator measured around each
+op (``StageProfile.memory``, the strategy's profiler on GPU), the problem's ``m_f``, ``m_b``,
+``m_w`` are those bytes (``m_b`` may be positive: torch's input-gradient pass allocates the
+gradients its weight-gradient pass needs); else (CPU, older profiles) the rule: F allocates
+``activation_bytes``, B frees all but ``weight_grad_bytes``, W frees those. The transient above
+that (``OpMemory.transient``) is not an event of the model: ``Profile.memory_reserve`` gives it
+per stage, for whoever sets the memory limit (the strategy subtracts it).
 """
 
 from __future__ import annotations
@@ -74,6 +82,27 @@ class OpStats(_Strict):
     samples: int = Field(default=1, ge=1)
 
 
+class OpMemory(_Strict):
+    """Bytes one (stage, chunk)'s ops leave allocated, measured by the CUDA caching allocator
+    (signed; the median over the profiling steps), and the largest transient above that."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    f: float = Field(description="what an F leaves allocated (its activation, output, loss)")
+    b: float = Field(description="what a B (input gradient) leaves: > 0 when it keeps gradients")
+    w: float = Field(description="what a W leaves (as measured; the problem uses -(f + b))")
+    bw: float | None = Field(default=None, description="what a fused BW leaves")
+    transient: float = Field(
+        default=0.0, ge=0, description="largest rise of any op above both its ends (workspace)"
+    )
+    samples: int = Field(default=1, ge=1, description="samples of the least-sampled op kind")
+
+    def changes(self) -> tuple[float, float, float]:
+        """(m_f, m_b, m_w) of the problem: F's at least 0, B's as measured, W frees the rest."""
+        m_f = max(0.0, self.f)
+        return m_f, self.b, -(m_f + self.b)
+
+
 class StageProfile(_Strict):
     stage: int = Field(ge=0)
     chunk: int = Field(default=0, ge=0)
@@ -88,6 +117,26 @@ class StageProfile(_Strict):
     offloadable_bytes: float | None = Field(
         default=None, ge=0, description="bytes an offload moves (default: activation_bytes)"
     )
+    memory: OpMemory | None = Field(
+        default=None,
+        description="per-op bytes the allocator measured (GPU); when given, m_f/m_b/m_w follow "
+        "it instead of activation_bytes and weight_grad_bytes",
+    )
+
+    def memory_changes(self) -> tuple[float, float, float]:
+        """(m_f, m_b, m_w) of this (stage, chunk): measured where ``memory`` is given (F's at
+        least 0; W frees what F and B left), else the rule (module doc)."""
+        if self.memory is not None:
+            return self.memory.changes()
+        act, wg = self.activation_bytes, self.weight_grad_bytes
+        return act, -(act - wg), -wg
+
+    def offload_bytes(self) -> float:
+        """Bytes an offload moves: at most what F leaves allocated."""
+        off = (
+            self.offloadable_bytes if self.offloadable_bytes is not None else self.activation_bytes
+        )
+        return min(off, self.memory_changes()[0])
 
 
 class Profile(_Strict):
@@ -103,6 +152,15 @@ class Profile(_Strict):
     channel_groups: list[list[int]] = Field(default_factory=list)
     measured_at: str | None = Field(default=None, description="ISO-8601 time of measurement")
 
+    def memory_reserve(self) -> list[float]:
+        """Bytes per stage the memory model does not see: the largest transient of any op of
+        the stage's chunks (0 where the profile has no measured memory)."""
+        out = [0.0] * self.model.num_stages
+        for sp in self.stages:
+            if sp.memory is not None and sp.stage < len(out):
+                out[sp.stage] = max(out[sp.stage], sp.memory.transient)
+        return out
+
     def to_problem(self, memory_limit: float | list[float] | None = None) -> Problem:
         """The problem these measurements define (offload allowed when bandwidths are known)."""
         p, v = self.model.num_stages, self.model.num_chunks
@@ -117,13 +175,7 @@ class Profile(_Strict):
         offload = None
         if self.d2h_bandwidth and self.h2d_bandwidth:
             offload = OffloadSpec(
-                bytes=field(
-                    lambda x: (
-                        x.offloadable_bytes
-                        if x.offloadable_bytes is not None
-                        else x.activation_bytes
-                    )
-                ),
+                bytes=field(lambda x: x.offload_bytes()),
                 d2h_bandwidth=self.d2h_bandwidth,
                 h2d_bandwidth=self.h2d_bandwidth,
                 channel_groups=self.channel_groups,
@@ -140,9 +192,9 @@ class Profile(_Strict):
             if any(sp.bw is not None for sp in self.stages)
             else None,
             t_comm=self.p2p_seconds,
-            m_f=field(lambda x: x.activation_bytes),
-            m_b=field(lambda x: -(x.activation_bytes - x.weight_grad_bytes)),
-            m_w=field(lambda x: -x.weight_grad_bytes),
+            m_f=field(lambda x: x.memory_changes()[0]),
+            m_b=field(lambda x: x.memory_changes()[1]),
+            m_w=field(lambda x: x.memory_changes()[2]),
             memory_limit=memory_limit,
             offload=offload,
             name=self.model.name or None,

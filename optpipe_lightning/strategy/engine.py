@@ -21,6 +21,7 @@ from torch import nn
 from ..schedule import Problem, Schedule, simulate
 from .contract import LayerChain
 from .offload import OffloadManager, settle_points
+from .op_memory import CudaAllocator, OpMemoryWatch
 from .partition import group_bounds
 from .planner import forward_order, profiling_schedule
 from .stage import OptPipeStage, RankCursor
@@ -174,8 +175,15 @@ class PipelineEngine(_LossHook):
         # one copy stream per direction unless the problem's channel is half duplex
         duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
         self.offload = OffloadManager(device, params, offload_min_bytes, duplex=duplex)
+        # GPU profiling also watches the allocator per action (what each op leaves allocated)
+        watch = OpMemoryWatch(CudaAllocator(device)) if measure and device.type == "cuda" else None
         self.cursor = RankCursor(
-            schedule.actions[pp_rank], self.offload, device, measure=measure, waits=waits[pp_rank]
+            schedule.actions[pp_rank],
+            self.offload,
+            device,
+            measure=measure,
+            waits=waits[pp_rank],
+            memory=watch,
         )
         self.stages = _stages(
             self.local_groups, self.local_modules, problem, device, pp_group, self.cursor
@@ -289,6 +297,7 @@ class PipelineEngine(_LossHook):
         self.cursor.reset()
         args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
         run_step(self.runtime, args, m)
+        self.cursor.step_done()
         if not self.cursor.finished():
             raise RuntimeError(
                 f"rank {self.pp_rank} ran only {self.cursor.pos} of "

@@ -9,6 +9,13 @@ first profiling step is a warm-up: the strategy drops its op times (``RankCursor
 and keeps only its byte counts. Each op's cost is the interquartile mean of its samples
 (``calibration.robust_mean``): a sample inflated by a preempted process or a page fault does not
 move it.
+
+Memory: on GPU the cursor also watches the CUDA allocator around every action of the timed
+profiling steps (``op_memory``): each (stage, chunk)'s ``StageProfile.memory`` holds the median
+bytes its F, B, W and BW left allocated and the largest transient of its ops, and the problem's
+``m_f``, ``m_b``, ``m_w`` follow it. On CPU there is no allocator counter: the profile keeps the
+rule that torch's split backward implies (F allocates the saved bytes, B frees nothing, W frees
+them all).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from ..schedule.profile import (
     StageProfile,
 )
 from .calibration import fit_overhead, robust_mean
+from .op_memory import summarize
 from .process_groups import PipelineComm, gather
 from .stage import RankCursor
 
@@ -69,6 +77,8 @@ def local_measurements(
                 "bw": cursor.times.get(("BW", c), [])[skip:],
                 # bytes are counted in the warm-up step only (the hooks would slow the timed ones)
                 "bytes": cursor.saved_bytes.get(c, []),
+                # GPU: (left allocated, transient) per action of the timed steps, by op kind
+                "memory": cursor.memory.chunk_samples(c) if cursor.memory is not None else {},
             }
         )
     return out
@@ -239,9 +249,11 @@ def build_profile(
                     w=_stats(r["w"]),
                     bw=_stats(r["bw"]) if r.get("bw") else None,
                     activation_bytes=act,
-                    # torch's input-gradient pass keeps the graph (retain_graph) until W: W frees all
+                    # the rule (CPU): torch's input-gradient pass keeps the graph (retain_graph)
+                    # until W: W frees all; on GPU ``memory`` (measured) replaces it
                     weight_grad_bytes=act,
                     offloadable_bytes=act,
+                    memory=summarize(r.get("memory") or {}),
                 )
             )
     return Profile(

@@ -45,6 +45,7 @@ from .calibration import Calibrator
 from .contract import PipelineSpec
 from .engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
 from .microbatch import choose_microbatches, eval_microbatches
+from .op_memory import limits_less_reserve
 from .options import OptPipeConfigError, PipelineOptions
 from .partition import PartitionError, chunked_partition, stage_layers
 from .planner import (
@@ -217,6 +218,8 @@ class Scheduler:
     def problem_from_profile(self, profile: Profile) -> Problem:
         assert self.engine is not None
         limit = self.memory_limit(self.engine.parameters)
+        if limit is not None and self.options.memory_limit == "auto":
+            limit = limits_less_reserve(limit, profile)  # op transients (GPU-measured)
         problem: Problem = profile.to_problem(memory_limit=limit)
         if not self.options.offload and problem.offload is not None:
             problem = problem.with_changes(offload=None)
@@ -435,7 +438,11 @@ class Scheduler:
                 self.optimizer_steps, wall, self.predicted_step, None if cuda else []
             )
         if cuda:  # pragma: no cover - GPU only
-            self._peaks[self.optimizer_steps] = float(torch.cuda.max_memory_allocated(self.device))
+            peak = torch.cuda.max_memory_allocated(self.device)
+            watch = self.engine.cursor.memory if self.engine is not None else None
+            if watch is not None:  # profiling resets the allocator's peak at every action
+                peak = max(peak, watch.take_peak())
+            self._peaks[self.optimizer_steps] = float(peak)
             torch.cuda.reset_peak_memory_stats(self.device)
             if self.optimizer_steps % PEAKS_EVERY == 0:
                 self._gather_peaks()

@@ -8,7 +8,8 @@ a transfer is issued when the compute action listed before it ends). Forwards of
 activations run under their store's saved-tensor hooks; the store is released when W or BW ends.
 
 With ``measure=True`` the cursor records the seconds of each compute action (CUDA events on GPU)
-and the bytes autograd saves during each forward: that is the profiler's raw data.
+and the bytes autograd saves during each forward; with a ``memory`` watch (GPU) also what each
+action leaves allocated and its transient (``op_memory``): that is the profiler's raw data.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from ..schedule import Action
 from .offload import OffloadManager
+from .op_memory import OpMemoryWatch
 from .torch_adapter import PipelineStage
 
 
@@ -40,11 +42,16 @@ class RankCursor:
         device: torch.device,
         measure: bool = False,
         waits: Sequence[tuple[int, int]] = (),
+        memory: OpMemoryWatch | None = None,
     ) -> None:
         self.device = device
         self.offload = offload
         self.measure = measure  # time every compute action
         self.count_bytes = measure  # count the bytes each forward saves for backward
+        # what each action leaves allocated (GPU profiling; ``op_memory``); on while ``measure``
+        # is set through ``set_measure`` (not by calibration's op timing)
+        self.memory = memory
+        self.watch_memory = measure and memory is not None
         self.set_actions(actions, waits)
         # measurements: (op, chunk) -> list of seconds ; chunk -> list of saved bytes per forward
         self.times: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -59,10 +66,19 @@ class RankCursor:
 
     def set_measure(self, on: bool) -> None:
         self.measure = self.count_bytes = on
+        self.watch_memory = on and self.memory is not None
 
     def drop_times(self) -> None:
-        """Forget the op times measured so far (a warm-up step's), keep the byte counts."""
+        """Forget the op times and allocator samples measured so far (a warm-up step's), keep
+        the byte counts."""
         self.times.clear()
+        if self.memory is not None:
+            self.memory.clear()
+
+    def step_done(self) -> None:
+        """The step's last action has run: its allocator window ends here."""
+        if self.watch_memory and self.memory is not None:
+            self.memory.close()
 
     def set_actions(self, actions: Sequence[Action], waits: Sequence[tuple[int, int]] = ()) -> None:
         """This rank's list, and where its offloads leave the device: (position of a compute
@@ -84,6 +100,8 @@ class RankCursor:
 
     def reset(self) -> None:
         self.pos = 0
+        if self.memory is not None:
+            self.memory.discard()  # a window left open by a step that did not finish
         if self.offload is not None:
             self.offload.reset()
         self._t0: Any = None
@@ -94,6 +112,8 @@ class RankCursor:
     # -- around a compute action ---------------------------------------------------------------
 
     def begin(self, op: str, mb: int, chunk: int) -> None:
+        if self.watch_memory and self.memory is not None:
+            self.memory.begin(op, chunk)  # the previous action's window ends here
         # transfers listed before the first compute action are issued at time 0
         self._issue_transfers()
         if self.pos >= len(self.actions):

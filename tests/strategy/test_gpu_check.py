@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import gpu_check
+import gpu_check_stage
 import pytest
+import torch
+
+from optpipe_lightning.strategy.op_memory import OpMemoryWatch
 
 RUN = ["--device", "cpu", "--sections", "copy_engines,overlap,op_costs,stage_schedule"]
 
@@ -69,3 +73,80 @@ def test_a_spent_budget_skips_sections(tmp_path: Path) -> None:
     assert rc == 1
     assert {v["status"] for v in secs.values()} == {"skipped"}
     assert secs["op_costs"]["error"].startswith("budget:")
+
+
+class _ScriptedWatch(OpMemoryWatch):
+    """The allocator watch of the op-cost engine, on CPU: every op, once its window opens, moves
+    a made-up allocator as ``table`` says ((op, chunk) -> (bytes left, transient above))."""
+
+    def __init__(self, table: dict[tuple[str, int], tuple[int, int]]) -> None:
+        self.fake = {"now": 1 << 30, "high": 1 << 30}
+        super().__init__(self)  # type: ignore[arg-type]  # it is its own allocator
+        self.table = table
+
+    def allocated(self) -> int:
+        return self.fake["now"]
+
+    def peak(self) -> int:
+        return self.fake["high"]
+
+    def reset_peak(self) -> None:
+        self.fake["high"] = self.fake["now"]
+
+    def begin(self, op: str, chunk: int) -> None:
+        super().begin(op, chunk)
+        leaves, transient = self.table[(op, chunk)]
+        now = self.fake["now"]
+        self.fake["high"] = max(self.fake["high"], max(now, now + leaves) + transient)
+        self.fake["now"] = now + leaves
+
+
+def test_the_stage_is_predicted_on_measured_per_op_memory_plus_the_reserve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU has no allocator counter: made-up readings (B keeps 0.7 of the activation until W,
+    ops rise above their ends) drive the accounting the GPU run uses, end to end."""
+    shape = gpu_check.CPU_SIZES.shapes[gpu_check.CPU_SIZES.stage_shape]
+    layers = gpu_check_stage.make_layers(shape, 2, torch.float32, torch.device("cpu"))
+    act = int(
+        gpu_check_stage.measure_microbatch_memory(
+            layers[1:], shape, torch.float32, torch.device("cpu")
+        )["activation_bytes"]
+    )
+    a = act // 10
+    table = {
+        ("F", 1): (10 * a, 3 * a),
+        ("B", 1): (7 * a, 5 * a),
+        ("W", 1): (-17 * a, a),
+        ("BW", 1): (-10 * a, 4 * a),
+        ("F", 0): (0, 0),
+        ("BW", 0): (0, 2 * a),
+    }
+    monkeypatch.setattr(gpu_check_stage, "memory_watch", lambda _d: _ScriptedWatch(table))
+    rc = gpu_check.main(
+        ["--out", str(tmp_path), "--device", "cpu", "--sections", "op_costs,stage_schedule"]
+    )
+    secs = _load(tmp_path)["sections"]
+    assert rc == 0, {k: v.get("error") for k, v in secs.items()}
+    ms = secs["op_costs"]["results"]["sizes"][0]["measured"]
+    assert [ms[f"alloc_{op}"] for op in ("F", "B", "W", "BW")] == [10 * a, 7 * a, -17 * a, -10 * a]
+    assert [ms[f"peak_{op}"] for op in ("F", "B", "W", "BW")] == [3 * a, 5 * a, a, 4 * a]
+    st = secs["stage_schedule"]["results"]
+    pb, pr = st["problem"], st["predicted"]
+    assert (pb["m_f"], pb["m_b"], pb["m_w"]) == (10 * a, 7 * a, -17 * a)
+    assert pb["memory_model"].startswith("measured per op")
+    assert pr["reserve_bytes"] == 5 * a  # the largest transient of the stage's ops
+    assert pr["activation_peak_bytes"] == pr["simulator_peak_bytes"] + 5 * a
+    assert pr["simulator_peak_bytes"] >= 10 * a  # at least one microbatch's activation
+    # the executor frees an offload no earlier, and allocates a reload no later, than the model
+    assert pr["executor_order_peak_bytes"] >= pr["simulator_peak_bytes"]
+    assert st["measured"]["activation_peak_bytes"] is None  # CPU: no measured peak to compare
+    # one more step watched per action against the simulator's level: the made-up allocator
+    # moves as the model does, except that it does not see offloads (the model frees their
+    # bytes while they sit on the host): the gap is what is offloaded at that moment
+    trace = st["level_trace"]
+    gaps = [r["measured"] - r["model"] for r in trace["rows"]]
+    assert trace["rows"][0]["measured"] == trace["rows"][0]["model"] == 0.0
+    assert min(gaps) >= 0.0 and max(gaps) == trace["largest_gap_bytes"] > 0.0
+    assert trace["largest_gap_bytes"] <= st["measured"]["offloads_per_step"] * pb["offload_bytes"]
+    assert trace["highest_bytes"] >= pr["simulator_peak_bytes"]
