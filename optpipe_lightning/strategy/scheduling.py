@@ -211,8 +211,12 @@ class Scheduler:
         if dev.type != "cuda":
             return None
         total = float(torch.cuda.get_device_properties(dev).total_memory)  # pragma: no cover
+        # what stays allocated between steps: parameters, gradients and two Adam moments (4x the
+        # parameters), or what is allocated now where that is more (it already holds them after
+        # the first optimizer step: subtracting both counted the parameters twice)
         state = 4.0 * sum(p.numel() * p.element_size() for p in local_params)  # pragma: no cover
-        mine = max(total * 0.9 - state - torch.cuda.memory_allocated(dev), 1.0)  # pragma: no cover
+        static = max(state, float(torch.cuda.memory_allocated(dev)))  # pragma: no cover
+        mine = max(total * 0.9 - static, 1.0)  # pragma: no cover
         return [float(x) for x in self.comm.gather(mine)]  # pragma: no cover
 
     def problem_from_profile(self, profile: Profile) -> Problem:
