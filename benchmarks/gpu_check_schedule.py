@@ -231,6 +231,19 @@ def stage_schedule(
     alone = harness(limit)
     sim = simulate(alone, [row])
     if not sim.feasible:
+        # alone (neighbours answer at once) the list runs in another timing than in the
+        # pipeline; where that timing needs more than the limit, the harness runs it at the
+        # limit the alone timing needs (the measurement compares the same list, same timing)
+        free = simulate(harness(None), [row])
+        if free.feasible and free.evaluation.peak_memory is not None:
+            res["limit_raised_for_the_alone_timing"] = {
+                "pipeline_limit_bytes": limit,
+                "alone_peak_bytes": float(free.evaluation.peak_memory[0]),
+            }
+            limit = max(limit, float(free.evaluation.peak_memory[0]))
+            alone = harness(limit)
+            sim = simulate(alone, [row])
+    if not sim.feasible:
         raise RuntimeError(
             "the stage's list does not fit its limit when it runs alone: "
             + "; ".join(v.message for v in sim.evaluation.violations[:2])
