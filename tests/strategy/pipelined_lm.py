@@ -12,9 +12,12 @@ parameters after fit (rank 0 is the user's process under the default launcher).
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
+import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -192,6 +195,9 @@ def _worker(rank: int, world: int, port: int, fn: Callable[[], None], errors: st
         WORLD_SIZE=str(world),
     )
     torch.set_num_threads(1)
+    # a hang is diagnosed, not just killed: SIGUSR1 writes every thread's stack to a file
+    stacks = open(Path(errors, f"rank{rank}.stacks"), "w")  # noqa: SIM115 (lives as the process)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     try:
         fn()
     except BaseException as e:
@@ -214,15 +220,25 @@ def launch(world: int, fn: Callable[[], None], workdir: Path, timeout: float = 2
     ]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout  # one deadline for all ranks
     for p in procs:
-        p.join(timeout)
+        p.join(max(0.0, deadline - time.monotonic()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:  # where each hung rank is, before it goes
+        os.kill(procs[r].pid or 0, signal.SIGUSR1)
+    if hung:
+        time.sleep(2.0)
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
     if hung:
-        raise AssertionError(f"ranks {hung} still running after {timeout}s (a hang)")
+        stacks = "\n".join(
+            f"--- rank {r} ---\n" + Path(workdir, f"rank{r}.stacks").read_text()[-6000:]
+            for r in hung
+            if Path(workdir, f"rank{r}.stacks").exists()
+        )
+        raise AssertionError(f"ranks {hung} still running after {timeout}s (a hang)\n{stacks}")
     out = []
     for r in range(world):
         f = Path(workdir, f"rank{r}.txt")

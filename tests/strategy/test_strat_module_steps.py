@@ -153,6 +153,7 @@ def test_module_steps_equal_one_device_with_the_solver_offloading(
     assert got["optpipe"]["optpipe/predicted_step_s"] == pytest.approx(predicted)
 
 
+@pytest.mark.timeout(300)  # Lightning's own fork launcher has no deadline of its own
 def test_fork_launch_leaves_the_trained_model_and_checkpoints_resume_on_four_stages(
     one_device: dict[str, Any], tmp_path: Path
 ) -> None:
