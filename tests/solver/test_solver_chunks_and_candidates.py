@@ -161,3 +161,32 @@ def test_equal_makespans_keep_the_lower_peak() -> None:
     ev = res.schedule.evaluation
     assert ev is not None and res.makespan == pytest.approx(12.0)
     assert max(ev.peak_memory) == pytest.approx(1.0)
+
+
+def test_a_baseline_stopped_at_its_deadline_keeps_the_chunkings_it_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a busy machine a row shows the best of the chunkings done in time, not nothing."""
+    import optpipe_lightning.schedule.baselines as baselines_pkg
+    from optpipe_lightning.schedule.baselines import generate_chunked
+    from optpipe_lightning.schedule.baselines._deadline import (
+        DeadlineExceeded,
+        check_deadline,
+        deadline_at,
+    )
+
+    real = baselines_pkg.generate
+
+    def finer_never_end(name: str, problem: Problem) -> Any:
+        while problem.num_chunks > 1:  # every finer chunking runs past the deadline
+            check_deadline()
+            time.sleep(0.01)
+        return real(name, problem)
+
+    monkeypatch.setattr(baselines_pkg, "generate", finer_never_end)
+    base = layered(mem=None)
+    with deadline_at(time.perf_counter() + 0.3):
+        made = generate_chunked("gpipe", base)
+    assert [s.num_chunks for s in made] == [1]  # the own chunking, computed first
+    with deadline_at(time.perf_counter() + 0.3), pytest.raises(DeadlineExceeded):
+        generate_chunked("gpipe", rechunk(base, 2, "interleaved"))  # nothing finished

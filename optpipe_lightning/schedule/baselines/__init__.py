@@ -16,6 +16,7 @@ from ..margin import peak_share
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import evaluate
+from ._deadline import DeadlineExceeded
 
 
 class NotApplicable(ValueError):
@@ -71,7 +72,9 @@ def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
     """The named baseline on every chunking the problem allows (``schedule.chunking``: only its
     own without ``layers_per_stage``), each schedule embedding the problem it was built for and
     recording its chunking. Raises the own chunking's ``NotApplicable`` (else the first one's)
-    when it applies to none."""
+    when it applies to none. Stopped at the caller's deadline (``_deadline.deadline_at``), it
+    returns the chunkings finished by then (the own chunking comes first), and raises
+    ``DeadlineExceeded`` only when none was."""
     out: list[Schedule] = []
     why: NotApplicable | None = None
     for v, placement in chunkings(problem):
@@ -80,6 +83,10 @@ def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
             out.append(stamped(generate(name, pb), pb))
         except NotApplicable as e:
             why = why or e
+        except DeadlineExceeded:
+            if out:
+                return out
+            raise
     if not out:
         assert why is not None
         raise why
