@@ -19,6 +19,8 @@ from lightning.pytorch.strategies.launchers import (
 )
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 
+from .fork_safety import inherited_objects_frozen
+
 if TYPE_CHECKING:
     from .strategy import OptPipeStrategy
 
@@ -32,6 +34,7 @@ class CheckingLauncher(_Launcher):
         start_method: Literal["popen", "spawn", "fork", "forkserver"],
     ) -> None:
         self.strategy = strategy
+        self.start_method = start_method
         assert strategy.cluster_environment is not None
         self.inner: Any
         if start_method == "popen":
@@ -52,6 +55,10 @@ class CheckingLauncher(_Launcher):
         model = args[0] if args else None
         if isinstance(model, pl.LightningModule):
             self.strategy.precheck_model(model, fitting=getattr(trainer, "training", False))
+        if self.start_method == "fork":
+            # the forked ranks must never collect this process's objects (``fork_safety``)
+            with inherited_objects_frozen():
+                return self.inner.launch(function, *args, trainer=trainer, **kwargs)
         return self.inner.launch(function, *args, trainer=trainer, **kwargs)
 
     def kill(self, signum: Any) -> None:  # pragma: no cover - signal path

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from ..schedule import Action, Problem, Schedule, simulate
 from ..schedule.bounds import lower_bound
 from .calibration import max_cost_change
+from .fork_safety import inherited_objects_frozen
 from .process_groups import PipelineComm
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,8 @@ class BackgroundSolver:
                 daemon=True,
                 name="optpipe-solver",
             )
-            self.proc.start()
+            with inherited_objects_frozen():  # a forked solver never collects a training object
+                self.proc.start()
 
     def _read(self) -> None:
         """The child's event lines into the queue (its own thread)."""

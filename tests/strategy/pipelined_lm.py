@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from optpipe_lightning.strategy import PipelineSpec
+from optpipe_lightning.strategy.fork_safety import inherited_objects_frozen
 
 VOCAB, DIM, SEQ, BATCH = 16, 16, 8, 8
 
@@ -218,8 +219,11 @@ def launch(world: int, fn: Callable[[], None], workdir: Path, timeout: float = 2
     procs = [
         ctx.Process(target=_worker, args=(r, world, port, fn, str(workdir))) for r in range(world)
     ]
-    for p in procs:
-        p.start()
+    # the ranks must never collect objects of this test session (a gloo process group an
+    # earlier in-process test left behind joins threads a fork does not have: a hang)
+    with inherited_objects_frozen():
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + timeout  # one deadline for all ranks
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
