@@ -40,12 +40,13 @@ class RankCursor:
         device: torch.device,
         measure: bool = False,
         waits: Sequence[tuple[int, int]] = (),
+        reload_waits: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.device = device
         self.offload = offload
         self.measure = measure  # time every compute action
         self.count_bytes = measure  # count the bytes each forward saves for backward
-        self.set_actions(actions, waits)
+        self.set_actions(actions, waits, reload_waits)
         # measurements: (op, chunk) -> list of seconds ; chunk -> list of saved bytes per forward
         self.times: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.saved_bytes: dict[int, list[int]] = defaultdict(list)
@@ -64,14 +65,27 @@ class RankCursor:
         """Forget the op times measured so far (a warm-up step's), keep the byte counts."""
         self.times.clear()
 
-    def set_actions(self, actions: Sequence[Action], waits: Sequence[tuple[int, int]] = ()) -> None:
-        """This rank's list, and where its offloads leave the device: (position of a compute
-        action, position of an earlier OFFLOAD whose copy has ended before that action starts),
-        from the simulator (``offload.settle_points``: its memory waits and the first action
-        after each copy's end)."""
+    def set_actions(
+        self,
+        actions: Sequence[Action],
+        waits: Sequence[tuple[int, int]] = (),
+        reload_waits: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """This rank's list, where its offloads leave the device, and which reloads wait for
+        memory.
+
+        ``waits``: (position of a compute action, position of an earlier OFFLOAD whose copy has
+        ended before that action starts), from the simulator (``offload.settle_points``: its
+        memory waits and the first action after each copy's end). ``reload_waits``: (position
+        of a RELOAD, position of the earlier OFFLOAD it waits for), the simulator's
+        ``Timeline.reload_waits``: such a reload is issued once that offload's device copies
+        are gone (a poll saw its copy done, or the compute stream waited on it at its settle
+        point), never before, and its host-to-device copy waits on that offload's event. Later
+        reloads keep their list order behind it (one copy lane per direction)."""
         self.actions = list(actions)
         self.offloaded = {(a.mb, a.chunk) for a in self.actions if a.op == "OFFLOAD"}
         self.waits: dict[int, list[tuple[int, int, int]]] = {}
+        settle_at: dict[int, int] = {}  # OFFLOAD position -> where its copies are dropped
         for f_pos, o_pos in waits:
             f, o = self.actions[f_pos], self.actions[o_pos]
             if not f.is_compute or o.op != "OFFLOAD" or o_pos >= f_pos:
@@ -80,16 +94,37 @@ class RankCursor:
                     "earlier OFFLOAD of this list"
                 )
             self.waits.setdefault(f_pos, []).append((0, o.mb, o.chunk))
+            settle_at[o_pos] = min(f_pos, settle_at.get(o_pos, f_pos))
+        # RELOAD position -> (the offloads it waits for, the compute position it is issued by)
+        self.reload_gates: dict[int, tuple[list[tuple[int, int, int]], int]] = {}
+        for r_pos, o_pos in reload_waits:
+            r, o = self.actions[r_pos], self.actions[o_pos]
+            if r.op != "RELOAD" or o.op != "OFFLOAD" or o_pos >= r_pos:
+                raise ValueError(
+                    f"reload wait ({r_pos}, {o_pos}) does not pair a RELOAD with an earlier "
+                    "OFFLOAD of this list"
+                )
+            key = (0, o.mb, o.chunk)
+            gate = settle_at.get(o_pos)
+            if gate is None:  # no point of its own: the next compute action settles it
+                gate = next(
+                    k for k in range(r_pos + 1, len(self.actions)) if self.actions[k].is_compute
+                )
+                self.waits.setdefault(gate, []).append(key)
+                settle_at[o_pos] = gate
+            keys, old_gate = self.reload_gates.get(r_pos, ([], gate))
+            self.reload_gates[r_pos] = ([*keys, key], min(gate, old_gate))
         self.reset()
 
     def reset(self) -> None:
         self.pos = 0
+        self._held: list[int] = []  # RELOAD positions issued later, in list order
         if self.offload is not None:
             self.offload.reset()
         self._t0: Any = None
 
     def finished(self) -> bool:
-        return all(not a.is_compute for a in self.actions[self.pos :])
+        return not self._held and all(not a.is_compute for a in self.actions[self.pos :])
 
     # -- around a compute action ---------------------------------------------------------------
 
@@ -107,6 +142,7 @@ class RankCursor:
             self.offload.poll()  # drop the device copies of finished offloads
             for key in self.waits.get(self.pos, ()):
                 self.offload.settle(key)  # this action starts after that copy (simulator)
+            self._issue_held()
         if self.measure:
             self._t0 = self._now()
 
@@ -126,9 +162,27 @@ class RankCursor:
             key = (0, a.mb, a.chunk)
             if a.op == "OFFLOAD":
                 self.offload.offload(key)
+            elif self._held or self.pos in self.reload_gates:
+                self._held.append(self.pos)  # waits for memory (or behind one that does)
             else:
                 self.offload.reload(key)
             self.pos += 1
+        if self._held and self.offload is not None:
+            self._issue_held()
+
+    def _issue_held(self) -> None:
+        """Issue the held reloads, in list order, whose offloads have left the device: a poll
+        saw their copies done, or this action is where the compute stream waits on them."""
+        assert self.offload is not None
+        self.offload.poll()  # a copy seen done frees its room now
+        while self._held:
+            r_pos = self._held[0]
+            keys = self.reload_gates[r_pos][0] if r_pos in self.reload_gates else []
+            if any(self.offload.holds_offload(k) for k in keys):
+                return  # at the latest its gate's settle drops them (``set_actions``)
+            self._held.pop(0)
+            a = self.actions[r_pos]
+            self.offload.reload((0, a.mb, a.chunk), after=keys)
 
     def held_by_stage(self, mb: int, chunk: int, cached: Any) -> None:
         """The stage keeps these (its inputs and outputs) until the backward: never moved."""
