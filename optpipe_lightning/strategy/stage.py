@@ -95,8 +95,9 @@ class RankCursor:
                 )
             self.waits.setdefault(f_pos, []).append((0, o.mb, o.chunk))
             settle_at[o_pos] = min(f_pos, settle_at.get(o_pos, f_pos))
-        # RELOAD position -> (the offloads it waits for, the compute position it is issued by)
-        self.reload_gates: dict[int, tuple[list[tuple[int, int, int]], int]] = {}
+        # RELOAD position -> the offloads whose room it waits for (each settles at the latest
+        # at its settle point, which comes before the reload's backward)
+        self.reload_gates: dict[int, list[tuple[int, int, int]]] = {}
         for r_pos, o_pos in reload_waits:
             r, o = self.actions[r_pos], self.actions[o_pos]
             if r.op != "RELOAD" or o.op != "OFFLOAD" or o_pos >= r_pos:
@@ -105,15 +106,16 @@ class RankCursor:
                     "OFFLOAD of this list"
                 )
             key = (0, o.mb, o.chunk)
-            gate = settle_at.get(o_pos)
-            if gate is None:  # no point of its own: the next compute action settles it
-                gate = next(
+            if o_pos not in settle_at:  # no point of its own: the next compute action settles it
+                later = (
                     k for k in range(r_pos + 1, len(self.actions)) if self.actions[k].is_compute
                 )
+                gate = next(later, None)
+                if gate is None:
+                    raise ValueError(f"reload wait ({r_pos}, {o_pos}): no action after the RELOAD")
                 self.waits.setdefault(gate, []).append(key)
                 settle_at[o_pos] = gate
-            keys, old_gate = self.reload_gates.get(r_pos, ([], gate))
-            self.reload_gates[r_pos] = ([*keys, key], min(gate, old_gate))
+            self.reload_gates.setdefault(r_pos, []).append(key)
         self.reset()
 
     def reset(self) -> None:
@@ -177,7 +179,7 @@ class RankCursor:
         self.offload.poll()  # a copy seen done frees its room now
         while self._held:
             r_pos = self._held[0]
-            keys = self.reload_gates[r_pos][0] if r_pos in self.reload_gates else []
+            keys = self.reload_gates.get(r_pos, [])
             if any(self.offload.holds_offload(k) for k in keys):
                 return  # at the latest its gate's settle drops them (``set_actions``)
             self._held.pop(0)
