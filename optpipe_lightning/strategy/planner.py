@@ -161,8 +161,11 @@ def choose_schedule(
     problem: Problem,
     solver_backend: str = "auto",
     time_limit: float = 30.0,
+    chunkings: Sequence[tuple[int, str]] | None = None,
 ) -> Schedule:
-    """The schedule to run for ``problem``; feasible by the simulator, or ``NoScheduleError``."""
+    """The schedule to run for ``problem``; feasible by the simulator, or ``NoScheduleError``.
+    ``chunkings``: the (chunk count, placement) pairs the solver may choose from (the ones the
+    executor can run, ``partition.runnable_chunkings``; None: the solver's default)."""
     if name != "optimal":
         if name not in BASELINE_NAMES:
             raise NoScheduleError(
@@ -188,7 +191,7 @@ def choose_schedule(
         pass
     else:
         try:
-            res = solve(problem, backend=solver_backend, time_limit=time_limit)
+            res = solve(problem, backend=solver_backend, time_limit=time_limit, chunkings=chunkings)
             if _feasible(problem, res.schedule):
                 best = res.schedule
                 best_span = float(simulate(problem, res.schedule.actions).makespan or best_span)
