@@ -99,6 +99,40 @@ def as_run(schedule: Schedule, problem: Problem) -> Schedule:
     )
 
 
+class BatchMetrics:
+    """The training batches of one optimizer step, as the run log's metrics: ``train_loss`` (the
+    mean of their losses: floats, or scalar tensors left on the device until the log writes),
+    ``samples`` and ``tokens`` (None: the input is not token ids), every replica together."""
+
+    def __init__(self) -> None:
+        self._losses: list[Any] = []
+        self._samples = 0
+        self._tokens: int | None = None
+
+    def add(self, loss: Any, samples: int, tokens: int | None) -> None:
+        if loss is not None:
+            self._losses.append(loss)
+        self._samples += samples
+        if tokens is not None:
+            self._tokens = (self._tokens or 0) + tokens
+
+    def take(self) -> dict[str, Any]:
+        """This optimizer step's metrics; the next step starts from nothing."""
+        out: dict[str, Any] = {}
+        if self._losses:
+            total = self._losses[0]
+            for x in self._losses[1:]:
+                total = total + x
+            n = len(self._losses)
+            out["train_loss"] = total / n if n > 1 else total
+        if self._samples:
+            out["samples"] = float(self._samples)
+        if self._tokens is not None:
+            out["tokens"] = float(self._tokens)
+        self._losses, self._samples, self._tokens = [], 0, None
+        return out
+
+
 class RunLog:
     """Profiles, schedules, steps and switches of one training run in the database."""
 

@@ -64,7 +64,7 @@ from .profiler import (
 )
 from .repartition import move_to_partition, profiled_partition
 from .resolve import OnlineResolve, RunContext
-from .run_log import RunLog
+from .run_log import BatchMetrics, RunLog
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +158,7 @@ class Scheduler:
         self._solve_pending = False  # a solve is to be planned at the next boundary
         self._total_steps: float | None = None  # optimizer steps of the whole fit (inf: unknown)
         self.predicted_step: float | None = None  # the whole optimizer step's prediction
-        # this optimizer step's batches, for the run log's metrics (``note_batch``)
-        self._losses: list[float | Tensor] = []
-        self._samples = 0
-        self._tokens: int | None = None
+        self._batches = BatchMetrics()  # this optimizer step's batches, for the run log
         self._count = 1  # pipeline steps in the last optimizer step
 
     @property
@@ -405,35 +402,13 @@ class Scheduler:
         return losses
 
     def note_batch(self, loss: float | Tensor | None, samples: int, tokens: int | None) -> None:
-        """A training batch of this optimizer step: its loss (a float or a detached scalar
-        tensor, read only when the run log writes), the samples and the tokens (None: not
-        token ids) it trained on, every data-parallel replica together."""
-        if loss is not None:
-            self._losses.append(loss)
-        self._samples += samples
-        if tokens is not None:
-            self._tokens = (self._tokens or 0) + tokens
+        """A training batch of this optimizer step, for the run log (``BatchMetrics.add``)."""
+        self._batches.add(loss, samples, tokens)
 
     def note_validation(self, val_loss: float | None) -> None:
         """The loss of a validation run (after the optimizer steps so far), for the run log."""
         if val_loss is not None and self.run_log is not None and self.run_log.active:
             self.run_log.record_metrics(self.optimizer_steps, {"val_loss": val_loss})
-
-    def _batch_metrics(self) -> dict[str, Any]:
-        """This optimizer step's train loss (mean over its batches), samples and tokens."""
-        losses, self._losses = self._losses, []
-        out: dict[str, Any] = {}
-        if losses:
-            total: Any = losses[0]
-            for x in losses[1:]:
-                total = total + x
-            out["train_loss"] = total / len(losses) if len(losses) > 1 else total
-        if self._samples:
-            out["samples"] = float(self._samples)
-        if self._tokens is not None:
-            out["tokens"] = float(self._tokens)
-        self._samples, self._tokens = 0, None
-        return out
 
     def metrics(self) -> dict[str, float]:
         """What a training step logs about the schedule: the switches so far, the running
@@ -491,7 +466,7 @@ class Scheduler:
         """The step in the run log (global rank 0): its wall seconds against the prediction made
         before it (``predicted_step``)."""
         cuda = self.device.type == "cuda"
-        metrics = self._batch_metrics()
+        metrics = self._batches.take()
         if self.run_log is not None and self.run_log.active and self.engine is not None:
             # GPU: every rank's peaks come later (``_gather_peaks``); CPU: none
             self.run_log.record_step(

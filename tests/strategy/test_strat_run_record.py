@@ -340,3 +340,17 @@ def test_a_stored_profile_starts_the_run_before_its_first_switch_and_keeps_its_o
         (1, "val_loss"): 1.25,
     }
     assert [st.step for st in got["steps"]] == [1]
+
+
+def test_batch_metrics_average_the_loss_over_accumulated_batches() -> None:
+    from optpipe_lightning.strategy.run_log import BatchMetrics
+
+    b = BatchMetrics()
+    b.add(torch.tensor(1.0), 4, 64)
+    b.add(torch.tensor(2.0), 4, 64)
+    got = b.take()
+    assert float(got["train_loss"]) == pytest.approx(1.5)
+    assert (got["samples"], got["tokens"]) == (8.0, 128.0)
+    assert b.take() == {}  # the next optimizer step starts from nothing
+    b.add(None, 2, None)  # a step whose loss is not known: samples only
+    assert b.take() == {"samples": 2.0}
