@@ -192,9 +192,12 @@ def choose_schedule(
     else:
         try:
             res = solve(problem, backend=solver_backend, time_limit=time_limit, chunkings=chunkings)
-            if _feasible(problem, res.schedule):
+            # a schedule for another chunking is checked on the problem it embeds (the
+            # re-chunking it was made for), not on this one's shape
+            target = res.schedule.problem if res.schedule.problem is not None else problem
+            if _feasible(target, res.schedule):
                 best = res.schedule
-                best_span = float(simulate(problem, res.schedule.actions).makespan or best_span)
+                best_span = float(simulate(target, res.schedule.actions).makespan or best_span)
         except InfeasibleMemoryLimit as e:
             raise NoScheduleError(
                 f"no schedule fits the memory limit: {e}; raise memory_limit"
