@@ -450,6 +450,9 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        import gc
+
+        gc.collect()  # the group's last references, while its threads exist (forks come later)
     db = open_database(url)
     with db.session() as s:
         run = repo.list_training_runs(s)[0]
