@@ -425,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        # the engines hold the group in reference cycles: collect them now, while its threads
+        # exist. Left to a later collection in a process forked from this one (the test suite
+        # forks training ranks), ~ProcessGroupGloo joins threads the child never had: a hang.
+        gc.collect()
     except Exception as e:  # tearing down: say so, the results are written
         log(f"destroying the process group failed: {e}")
     return 1 if bad else 0

@@ -151,6 +151,12 @@ class Profile(_Strict):
     h2d_bandwidth: float | None = Field(default=None, gt=0)
     channel_groups: list[list[int]] = Field(default_factory=list)
     measured_at: str | None = Field(default=None, description="ISO-8601 time of measurement")
+    runtime_overhead: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds of runtime overhead per compute action already included in every "
+        "F, B, W and BW mean (the strategy's fit to the profiling steps; 0: none or unknown)",
+    )
 
     def memory_reserve(self) -> list[float]:
         """Bytes per stage the memory model does not see: the largest transient of any op of

@@ -3,8 +3,9 @@
 ``python -m optpipe_lightning.solver.background`` reads one JSON line on stdin::
 
     {"problem": <problem JSON text>, "backend": "auto", "time_limit": 30.0,
-     "workers": 1, "nice": 19}
+     "workers": 1, "nice": 19, "chunkings": [[1, "interleaved"]]}
 
+(``chunkings``, optional: the (chunk count, placement) pairs to search, ``solve``'s argument),
 lowers its own priority by ``nice`` (``os.nice``: the training processes keep the cores they
 need; the solve gets what they leave idle), runs ``solve`` with ``workers`` threads, and writes
 one JSON line per event on stdout: ``{"kind": "incumbent", "schedule": <schedule JSON text>,
@@ -30,6 +31,14 @@ def _emit(lock: threading.Lock, event: dict[str, Any]) -> None:
     with lock:
         sys.stdout.write(json.dumps(event) + "\n")
         sys.stdout.flush()
+
+
+def _chunkings(value: Any) -> list[tuple[int, str]] | None:
+    """The request's ``chunkings`` ([[num_chunks, placement], ...]; absent: the solver's
+    default, every chunking the problem's ``layers_per_stage`` allows)."""
+    if value is None:
+        return None
+    return [(int(v), str(pl)) for v, pl in value]
 
 
 def main() -> None:
@@ -75,6 +84,7 @@ def main() -> None:
             workers=int(request.get("workers", 1)),
             on_incumbent=send,
             stop=stop,
+            chunkings=_chunkings(request.get("chunkings")),
         )
     except Exception as e:  # reported to the parent, never raised into training
         _emit(lock, {"kind": "error", "message": f"{type(e).__name__}: {e}"})

@@ -19,8 +19,9 @@ same interface:
   * reload: device buffers are allocated on the compute stream (blocks stay in the compute
     stream's pool, so memory freed by compute is reused, no cross-stream fragmentation); the
     H2D stream waits on the compute stream (those blocks' earlier users are done, and the reload
-    starts when the action before it ends: the simulator's issue rule) and on the offload's
-    event (the host copy is complete); an event on the H2D stream marks the end; compute waits
+    starts when the action before it ends: the simulator's issue rule), on the offload's event
+    (the host copy is complete) and on the events of the offloads the reload waits for memory
+    (``also``: the simulator's ``reload_waits``); an event on the H2D stream marks the end; compute waits
     on it once, at the first unpack of the backward.
   * pages go back to the pool with the event of their last reader; the next offload that takes
     them makes the D2H stream wait on it before writing.
@@ -84,7 +85,7 @@ class HostCopyEngine:
         return HostCopy([int(f.numel()) for f in flats], clones=[f.clone() for f in flats]), None
 
     def reload(
-        self, host: HostCopy, device: torch.device, after: Any
+        self, host: HostCopy, device: torch.device, after: Any, also: Sequence[Any] = ()
     ) -> tuple[list[torch.Tensor], Any]:
         return [c.to(device, copy=True) for c in host.clones], None
 
@@ -192,13 +193,14 @@ class CudaCopyEngine:  # pragma: no cover - exercised on GPU machines (tests mar
         return HostCopy(sizes, pages=pages, offsets=offsets), event
 
     def reload(
-        self, host: HostCopy, device: torch.device, after: Any
+        self, host: HostCopy, device: torch.device, after: Any, also: Sequence[Any] = ()
     ) -> tuple[list[torch.Tensor], Any]:
         # allocated here, on the compute stream: the blocks stay in the compute stream's pool
         bufs = [torch.empty(n, dtype=torch.uint8, device=device) for n in host.sizes]
         self.h2d.wait_stream(self._compute())
-        if after is not None:
-            self.h2d.wait_event(after)
+        for ev in (after, *also):  # its own offload, and those it waits for memory (``also``)
+            if ev is not None:
+                self.h2d.wait_event(ev)
         pb = self.pool.page_bytes
         with torch.cuda.stream(self.h2d):
             for buf, start, n in zip(bufs, host.offsets, host.sizes, strict=True):

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..schedule import Problem, Schedule, simulate
 from .contract import LayerChain
-from .offload import OffloadManager, settle_points
+from .offload import OffloadManager, StageWaits, execution_waits
 from .op_memory import CudaAllocator, OpMemoryWatch
 from .partition import group_bounds
 from .planner import forward_order, profiling_schedule
@@ -40,12 +40,12 @@ class ScheduleRejectedError(ValueError):
     """The schedule failed the simulator's validation or torch's lowering; it is never run."""
 
 
-def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tuple[int, int]]]:
+def validate_for_execution(problem: Problem, schedule: Schedule) -> list[StageWaits]:
     """The simulator's verdict (feasible) plus torch's lowering; raises with every reason.
 
-    Returns per stage where each offload leaves the device (list positions of a compute action
-    and of the OFFLOAD whose copy ends before it starts, ``offload.settle_points``), which the
-    executor honours."""
+    Returns per stage the waits the executor honours (``offload.execution_waits``): where each
+    offload leaves the device (list positions of a compute action and of the OFFLOAD whose copy
+    ends before it starts) and which reloads wait for which offload's memory."""
     if schedule.num_stages != problem.num_stages:
         raise ScheduleRejectedError(
             f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
@@ -70,7 +70,7 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> list[list[tu
     except ValueError as e:
         raise ScheduleRejectedError(f"schedule {schedule.generator!r}: {e}") from e
     assert res.timeline is not None
-    return settle_points(res.timeline)
+    return execution_waits(res.timeline)
 
 
 class _LossHook:
@@ -182,7 +182,8 @@ class PipelineEngine(_LossHook):
             self.offload,
             device,
             measure=measure,
-            waits=waits[pp_rank],
+            waits=waits[pp_rank].settle,
+            reload_waits=waits[pp_rank].reloads,
             memory=watch,
         )
         self.stages = _stages(
@@ -381,7 +382,8 @@ class PipelineEngine(_LossHook):
             )
         waits = validate_for_execution(target, schedule)
         load_order(self.runtime, torch_order(target, schedule.actions))
-        self.cursor.set_actions(schedule.actions[self.pp_rank], waits[self.pp_rank])
+        mine = waits[self.pp_rank]
+        self.cursor.set_actions(schedule.actions[self.pp_rank], mine.settle, mine.reloads)
         self.schedule = schedule
         self.problem = target
 

@@ -26,10 +26,10 @@ pinned pages and events on GPU; synchronous clones on CPU.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -68,6 +68,23 @@ def settle_points(timeline: Timeline) -> list[list[tuple[int, int]]]:
                 best[o] = min(f, best.get(o, f))
         out.append(sorted((k, o) for o, k in best.items()))
     return out
+
+
+class StageWaits(NamedTuple):
+    """What one stage's executor waits for: ``settle`` (position of a compute action, position
+    of an OFFLOAD whose device copies go before it: ``settle_points``) and ``reloads``
+    (position of a RELOAD, position of the OFFLOAD whose memory it waits for: the simulator's
+    ``Timeline.reload_waits``)."""
+
+    settle: list[tuple[int, int]]
+    reloads: list[tuple[int, int]]
+
+
+def execution_waits(timeline: Timeline) -> list[StageWaits]:
+    """Per stage, the waits the executor honours (``RankCursor.set_actions``)."""
+    settle = settle_points(timeline)
+    reloads = timeline.reload_waits or [[] for _ in timeline.actions]
+    return [StageWaits(a, list(b)) for a, b in zip(settle, reloads, strict=True)]
 
 
 class StoreState(enum.Enum):
@@ -225,12 +242,21 @@ class ActivationStore:
     def has_pending(self) -> bool:
         return any(s.pending is not None for s in self.storages)
 
-    def reload(self) -> None:
+    def reload(self, wait_for: Sequence[Any] = ()) -> None:
+        """Copy the moved storages back; the copy also waits on the events ``wait_for`` (the
+        offloads this reload waits for memory)."""
         if self.state is not StoreState.OFFLOADED:
             raise OffloadStateError(f"RELOAD of {self.key} in state {self.state.value}")
         moved = [s for s in self.storages if not s.keep]
         assert self._host is not None
-        bufs, self.reload_event = self.engine.reload(self._host, self.device, self.offload_event)
+        if wait_for:
+            bufs, self.reload_event = self.engine.reload(
+                self._host, self.device, self.offload_event, also=wait_for
+            )
+        else:
+            bufs, self.reload_event = self.engine.reload(
+                self._host, self.device, self.offload_event
+            )
         for s, b in zip(moved, bufs, strict=True):
             s.device = b
         # the pages are free once the reload has read them; the next writer waits on that
@@ -344,11 +370,40 @@ class OffloadManager:
             self.engine.synchronize(st.offload_event)
         self.poll()
 
-    def reload(self, key: Key) -> None:
+    def holds_offload(self, key: Key) -> bool:
+        """Whether the device copies an offload of ``key`` reads are still held."""
+        st = self.stores.get(key)
+        return st is not None and st.has_pending
+
+    def device_bytes(self) -> int:
+        """Bytes of moved storages this rank's stores hold on the device now: before their
+        offload, still read by an unfinished one, or reloaded (what the schedule's offloads and
+        reloads change; tests compare it with the simulator's memory)."""
+        total = 0
+        for st in self.stores.values():
+            for sg in st.storages:
+                if not sg.keep and (sg.device is not None or sg.pending is not None):
+                    total += sg.nbytes
+        return total
+
+    def reload(self, key: Key, after: Iterable[Key] = ()) -> None:
+        """Copy ``key``'s activations back. ``after``: offloads this reload waits for (the
+        simulator's ``reload_waits``): their device copies go first (the compute stream waits
+        on any copy still running, as at a settle point), so the reload's buffers take their
+        room, and the host-to-device copy waits on their events."""
         st = self.stores.get(key)
         if st is None:
             raise OffloadStateError(f"RELOAD of {key} that was never offloaded")
-        st.reload()
+        events = []
+        for k in after:
+            waited = self.stores.get(k)
+            if waited is None:
+                continue  # released already: nothing of it left on the device
+            if waited.has_pending:
+                self.settle(k)
+            if waited.offload_event is not None:
+                events.append(waited.offload_event)
+        st.reload(events)
         self.history.append(("RELOAD", key, st.moved_bytes))
 
     def release(self, key: Key) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..schedule import Problem, Schedule
+from ..schedule.margin import limit_with_margin, parse_memory_margin
 from .partition import PartitionError, validate_partition
 from .planner import (
     SCHEDULE_CHOICES,
@@ -40,6 +41,7 @@ class PipelineOptions:
     num_chunks: int | None = None
     placement: Placement | None = None
     memory_limit: MemoryLimit = "auto"
+    memory_margin: float | str = 0.0  # headroom below each limit (schedule/margin.py)
     offload: bool = True
     solver_backend: str = "auto"
     solver_time_limit: float = 30.0
@@ -85,6 +87,19 @@ class PipelineOptions:
         lim = self.memory_limit
         if lim not in ("auto", None) and (not isinstance(lim, int | float) or lim <= 0):
             raise OptPipeConfigError(f"memory_limit must be 'auto', None or bytes > 0, got {lim!r}")
+        if isinstance(self.memory_margin, bool) or not isinstance(
+            self.memory_margin, int | float | str
+        ):
+            raise OptPipeConfigError(
+                f"memory_margin must be a fraction in [0, 1) or bytes (e.g. 0.1, '2GB'), got "
+                f"{self.memory_margin!r}"
+            )
+        try:
+            parse_memory_margin(self.memory_margin)
+            if isinstance(lim, int | float):
+                limit_with_margin(float(lim), self.memory_margin)
+        except ValueError as e:
+            raise OptPipeConfigError(f"memory_margin: {e}") from None
         if self.profile_steps < 0:
             raise OptPipeConfigError("profile_steps must be >= 0")
         if not isinstance(self.calibrate_every, int) or self.calibrate_every < 1:

@@ -8,7 +8,9 @@ allowed. ``validate_partition`` checks a user-given partition (number of layers 
 ``chunked_partition`` is the partition a chunk count implies: every device keeps its layers,
 split into ``v`` chunks of equal layer counts, placed by the problem's placement (what a problem
 re-chunked from ``layers_per_stage`` describes: per chunk, a v-th of the stage's costs);
-``chunk_counts`` lists the counts a stage partition allows.
+``chunk_counts`` lists the counts a stage partition allows, and ``runnable_chunkings`` the
+(chunk count, placement) pairs the executor can run for a problem's layers: what the strategy
+lets the solver choose from (``solve(chunkings=...)``).
 """
 
 from __future__ import annotations
@@ -137,3 +139,24 @@ def chunked_partition(
     for g, (s, _) in enumerate(shape.group_table):
         sizes[g] = layers_per_stage[s] // v
     return sizes
+
+
+def runnable_chunkings(problem: Problem) -> list[tuple[int, Literal["interleaved", "vshape"]]]:
+    """The (chunk count, placement) pairs the executor can run ``problem``'s pipeline in, its
+    own first: every count dividing each device's layers (``problem.layers()``: the strategy
+    re-chunks by ``chunked_partition``), in both placements from two chunks on; only the
+    problem's own chunking when it gives no layer counts."""
+    own = (problem.num_chunks, problem.placement if problem.num_chunks > 1 else "interleaved")
+    out: list[tuple[int, Literal["interleaved", "vshape"]]] = [own]
+    layers = problem.layers()
+    if layers is None:
+        return out
+    for v in chunk_counts(layers):
+        placements: tuple[Literal["interleaved", "vshape"], ...] = (
+            ("interleaved", "vshape") if v > 1 else ("interleaved",)
+        )
+        for pl in placements:
+            if (v, pl) not in out:
+                chunked_partition(layers, v, pl)  # the partition it runs with exists
+                out.append((v, pl))
+    return out

@@ -161,8 +161,11 @@ def choose_schedule(
     problem: Problem,
     solver_backend: str = "auto",
     time_limit: float = 30.0,
+    chunkings: Sequence[tuple[int, str]] | None = None,
 ) -> Schedule:
-    """The schedule to run for ``problem``; feasible by the simulator, or ``NoScheduleError``."""
+    """The schedule to run for ``problem``; feasible by the simulator, or ``NoScheduleError``.
+    ``chunkings``: the (chunk count, placement) pairs the solver may choose from (the ones the
+    executor can run, ``partition.runnable_chunkings``; None: the solver's default)."""
     if name != "optimal":
         if name not in BASELINE_NAMES:
             raise NoScheduleError(
@@ -188,10 +191,13 @@ def choose_schedule(
         pass
     else:
         try:
-            res = solve(problem, backend=solver_backend, time_limit=time_limit)
-            if _feasible(problem, res.schedule):
+            res = solve(problem, backend=solver_backend, time_limit=time_limit, chunkings=chunkings)
+            # a schedule for another chunking is checked on the problem it embeds (the
+            # re-chunking it was made for), not on this one's shape
+            target = res.schedule.problem if res.schedule.problem is not None else problem
+            if _feasible(target, res.schedule):
                 best = res.schedule
-                best_span = float(simulate(problem, res.schedule.actions).makespan or best_span)
+                best_span = float(simulate(target, res.schedule.actions).makespan or best_span)
         except InfeasibleMemoryLimit as e:
             raise NoScheduleError(
                 f"no schedule fits the memory limit: {e}; raise memory_limit"

@@ -102,7 +102,8 @@ def runtime_overhead(
 
 
 def with_overhead(profile: Profile, seconds: float) -> Profile:
-    """The profile with ``seconds`` added to every F, B, W and BW mean (and min/max)."""
+    """The profile with ``seconds`` added to every F, B, W and BW mean (and min/max), and to
+    its ``runtime_overhead`` (what a run started from the stored profile takes out again)."""
     if seconds <= 0:
         return profile
 
@@ -126,7 +127,8 @@ def with_overhead(profile: Profile, seconds: float) -> Profile:
         )
         for sp in profile.stages
     ]
-    return profile.model_copy(update={"stages": stages})
+    total = profile.runtime_overhead + seconds
+    return profile.model_copy(update={"stages": stages, "runtime_overhead": total})
 
 
 def measure_p2p(

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from ..schedule import Action, Problem, Schedule, simulate
 from ..schedule.bounds import lower_bound
 from .calibration import max_cost_change
+from .engine import ScheduleRejectedError, validate_for_execution
 from .fork_safety import inherited_objects_frozen
 from .process_groups import PipelineComm
 
@@ -188,7 +189,13 @@ class RunContext:
 
 
 def _solver_main(
-    problem_json: str, backend: str, time_limit: float, workers: int, nice: int, out: Any
+    problem_json: str,
+    backend: str,
+    time_limit: float,
+    workers: int,
+    nice: int,
+    out: Any,
+    chunkings: list[tuple[int, str]] | None = None,
 ) -> None:
     """A forked (``fork``/``forkserver``) solver process: incumbents into ``out``."""
     try:
@@ -202,11 +209,25 @@ def _solver_main(
             if inc.schedule is not None:
                 out.put(("incumbent", inc.schedule.to_json()))
 
-        solve(problem, backend=backend, time_limit=time_limit, workers=workers, on_incumbent=send)
+        solve(
+            problem,
+            backend=backend,
+            time_limit=time_limit,
+            workers=workers,
+            on_incumbent=send,
+            chunkings=chunkings,
+        )
     except Exception as e:  # reported to the parent, never raised into training
         out.put(("error", f"{type(e).__name__}: {e}"))
     finally:
         out.put(("done", ""))
+
+
+def running_chunking(problem: Problem) -> tuple[int, str]:
+    """(chunks per device, placement) of the running problem: the only chunking a switch
+    while training can run (it keeps stages, microbatches, chunks and placement), so the only
+    one a background solve searches, whatever ``layers_per_stage`` would allow."""
+    return problem.num_chunks, problem.placement if problem.num_chunks > 1 else "interleaved"
 
 
 @dataclass
@@ -236,6 +257,8 @@ class BackgroundSolver:
         self.best = current_makespan
         self.min_gain = min_gain
         self.done = False
+        # a switch keeps the running chunking: the solve searches only it (``running_chunking``)
+        chunkings = [running_chunking(problem)]
         self.proc: Any = None
         self.queue: Any
         if start_method == "spawn":
@@ -252,6 +275,7 @@ class BackgroundSolver:
                 "time_limit": time_limit,
                 "workers": workers,
                 "nice": nice,
+                "chunkings": chunkings,
             }
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -262,7 +286,15 @@ class BackgroundSolver:
             self.queue = ctx.Queue()
             self.proc = ctx.Process(
                 target=_solver_main,
-                args=(problem.model_dump_json(), backend, time_limit, workers, nice, self.queue),
+                args=(
+                    problem.model_dump_json(),
+                    backend,
+                    time_limit,
+                    workers,
+                    nice,
+                    self.queue,
+                    chunkings,
+                ),
                 daemon=True,
                 name="optpipe-solver",
             )
@@ -314,6 +346,11 @@ class BackgroundSolver:
                     log.warning("optpipe: solver incumbent rejected by the simulator")
                     continue
                 if span < pick_span * (1 - self.min_gain):
+                    try:  # what the executor refuses is never switched to
+                        validate_for_execution(self.problem, sched)
+                    except ScheduleRejectedError as e:
+                        log.warning("optpipe: solver incumbent rejected (%s)", e)
+                        continue
                     pick, pick_span = sched, span
         if pick is not None:
             reason = f"solver incumbent: predicted {pick_span:.6g}s vs {self.best:.6g}s"

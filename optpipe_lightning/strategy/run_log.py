@@ -4,12 +4,19 @@ Only global rank 0 talks to the database. A run records its profile, every sched
 to (and the switch), every optimizer step's measured and predicted seconds against the schedule
 that ran it, and how it ended (``finished``, ``failed`` or ``interrupted``).
 
+Beside the step times it records, for the inspector's Training page (``profiles_db.training_log``):
+each optimizer step's metrics (``train_loss``, ``samples``, ``tokens`` where the pipeline's input
+is token ids, and ``val_loss`` after a validation run), every calibration with the predicted step
+time before and after it, the memory limit per stage that the peaks are held against, and each
+switch's predicted step time before and after it. All of it is buffered with the step records.
+
 The log survives every switch: a schedule is stored under the problem it runs on (a solver
 incumbent made for the profiled costs runs on the calibrated ones: it is stored as run, with
 the running problem's hash; the actions are the same), so a switch to another problem hash,
-chunking or partition never fails the store. Step records are buffered and written in one
-short transaction every ``flush_seconds`` (and before a switch and at the end), so a step pays
-a list append, not a database commit.
+chunking or partition never fails the store. Step records (and metrics, calibrations, the
+memory limit) are buffered and written in one short transaction every ``flush_seconds`` (and
+before a switch and at the end), so a step pays a list append, not a database commit. A loss
+given as a tensor is read (``float``) only then, so recording it never waits for the device.
 
 A failed write logs one warning and is retried with the next one (a busy SQLite file is
 transient); the link is switched off only after ``MAX_FAILURES`` failures in a row, unless the
@@ -72,6 +79,16 @@ def _open(url: str | None) -> Any:
     return result
 
 
+def _number(value: Any) -> float | None:
+    """A metric's value as a float (a tensor is read here, when the buffer is written)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def as_run(schedule: Schedule, problem: Problem) -> Schedule:
     """``schedule`` stated for ``problem`` (what it runs on): same actions and generator, the
     running problem's hash, no stale evaluation. Unchanged when it already is."""
@@ -80,6 +97,40 @@ def as_run(schedule: Schedule, problem: Problem) -> Schedule:
     return schedule.model_copy(
         update={"problem_hash": problem.hash, "problem": problem, "evaluation": None}
     )
+
+
+class BatchMetrics:
+    """The training batches of one optimizer step, as the run log's metrics: ``train_loss`` (the
+    mean of their losses: floats, or scalar tensors left on the device until the log writes),
+    ``samples`` and ``tokens`` (None: the input is not token ids), every replica together."""
+
+    def __init__(self) -> None:
+        self._losses: list[Any] = []
+        self._samples = 0
+        self._tokens: int | None = None
+
+    def add(self, loss: Any, samples: int, tokens: int | None) -> None:
+        if loss is not None:
+            self._losses.append(loss)
+        self._samples += samples
+        if tokens is not None:
+            self._tokens = (self._tokens or 0) + tokens
+
+    def take(self) -> dict[str, Any]:
+        """This optimizer step's metrics; the next step starts from nothing."""
+        out: dict[str, Any] = {}
+        if self._losses:
+            total = self._losses[0]
+            for x in self._losses[1:]:
+                total = total + x
+            n = len(self._losses)
+            out["train_loss"] = total / n if n > 1 else total
+        if self._samples:
+            out["samples"] = float(self._samples)
+        if self._tokens is not None:
+            out["tokens"] = float(self._tokens)
+        self._losses, self._samples, self._tokens = [], 0, None
+        return out
 
 
 class RunLog:
@@ -98,6 +149,9 @@ class RunLog:
         self.flush_seconds = flush_seconds
         self.failures = 0  # failed calls in a row
         self._steps: list[dict[str, Any]] = []  # buffered step records
+        self._metrics: list[tuple[int, dict[str, Any]]] = []  # (step, name -> number or tensor)
+        self._calibrations: list[dict[str, Any]] = []  # buffered calibration records
+        self._memory_limit: list[float] | None = None  # to be written
         self._last_flush = time.monotonic()
         if not enabled:
             return
@@ -184,6 +238,40 @@ class RunLog:
         if time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
 
+    def record_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Named numbers of one optimizer step (``training_log.record_metrics``; buffered). A
+        value may be a scalar tensor: it is read when the buffer is written."""
+        if self.run_id is None or not metrics:
+            return
+        self._metrics.append((step, dict(metrics)))
+
+    def record_calibration(
+        self,
+        step: int,
+        predicted_before: float | None,
+        predicted_after: float | None,
+        measured: float | None,
+        reason: str,
+    ) -> None:
+        """A re-calibration of the running schedule's costs (buffered)."""
+        if self.run_id is None:
+            return
+        self._calibrations.append(
+            {
+                "step": step,
+                "schedule_id": self.schedule_id,
+                "predicted_before": predicted_before,
+                "predicted_after": predicted_after,
+                "measured_seconds": measured,
+                "reason": reason,
+            }
+        )
+
+    def record_memory_limit(self, limits: list[float]) -> None:
+        """Bytes per stage the measured peaks are held against (written with the next flush)."""
+        if self.run_id is not None:
+            self._memory_limit = [float(x) for x in limits]
+
     @property
     def pending_steps(self) -> int:
         return len(self._steps)
@@ -198,7 +286,7 @@ class RunLog:
         """Write the buffered step records in one transaction (kept for the next try if it
         fails); steps still waiting for their peaks stay, unless ``final``."""
         self._last_flush = time.monotonic()
-        if self.run_id is None or not self._steps:
+        if self.run_id is None:
             return
         run_id = self.run_id
         ready = len(self._steps)
@@ -209,21 +297,46 @@ class RunLog:
                     break
                 row["peak_memory"] = []
         rows = self._steps[:ready]
-        if not rows:
+        metrics = [(step, {k: _number(v) for k, v in m.items()}) for step, m in self._metrics]
+        calibrations = list(self._calibrations)
+        limit = self._memory_limit
+        if not (rows or metrics or calibrations or limit is not None):
             return
 
         def write(repo: Any, s: Any) -> bool:
             for row in rows:
                 repo.record_step(s, run_id, **row)
+            for step, m in metrics:
+                repo.record_metrics(s, run_id, step=step, metrics=m)
+            for cal in calibrations:
+                repo.record_calibration(s, run_id, **cal)
+            if limit is not None:
+                repo.record_memory_limit(s, run_id, limit)
             return True
 
         if self._call("record", write):
             del self._steps[: len(rows)]
+            del self._metrics[: len(metrics)]
+            del self._calibrations[: len(calibrations)]
+            if self._memory_limit is limit:
+                self._memory_limit = None
         elif self.db is None:
             self._steps.clear()
+            self._metrics.clear()
+            self._calibrations.clear()
+            self._memory_limit = None
 
-    def record_switch(self, step: int, schedule: Schedule, problem: Problem, reason: str) -> None:
-        """``schedule`` runs on ``problem`` from ``step`` on: store both and the switch."""
+    def record_switch(
+        self,
+        step: int,
+        schedule: Schedule,
+        problem: Problem,
+        reason: str,
+        predicted_before: float | None = None,
+        predicted_after: float | None = None,
+    ) -> None:
+        """``schedule`` runs on ``problem`` from ``step`` on: store both and the switch, with
+        the predicted step times (seconds) of the schedule left and of this one."""
         self.flush()  # write what is ready (every buffered step keeps its schedule id)
         from_id = self.schedule_id
         to_id = self.store_schedule(schedule, problem, source=reason)
@@ -234,7 +347,14 @@ class RunLog:
         self._call(
             "record",
             lambda repo, s: repo.record_switch(
-                s, run_id, step=step, from_schedule_id=from_id, to_schedule_id=to_id, reason=reason
+                s,
+                run_id,
+                step=step,
+                from_schedule_id=from_id,
+                to_schedule_id=to_id,
+                reason=reason,
+                predicted_before=predicted_before,
+                predicted_after=predicted_after,
             ),
         )
 

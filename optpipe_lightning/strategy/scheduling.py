@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ..schedule import Problem, Schedule, simulate
+from ..schedule.margin import limit_with_margin
 from ..schedule.profile import Profile
 from .calibration import Calibrator
 from .contract import PipelineSpec
@@ -47,7 +48,7 @@ from .engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
 from .microbatch import choose_microbatches, eval_microbatches
 from .op_memory import limits_less_reserve
 from .options import OptPipeConfigError, PipelineOptions
-from .partition import PartitionError, chunked_partition, stage_layers
+from .partition import PartitionError, chunked_partition, runnable_chunkings, stage_layers
 from .planner import (
     NoScheduleError,
     Placement,
@@ -64,7 +65,7 @@ from .profiler import (
 )
 from .repartition import move_to_partition, profiled_partition
 from .resolve import OnlineResolve, RunContext
-from .run_log import RunLog
+from .run_log import BatchMetrics, RunLog
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,14 @@ Notify = Callable[[str, bool], None]  # (message, detail): detail messages are d
 
 def _log_notify(text: str, detail: bool = False) -> None:
     log.log(logging.DEBUG if detail else logging.INFO, "%s", text)
+
+
+def with_margin(limits: list[float], margin: float | str) -> list[float]:
+    """Every stage's limit less the margin (the same on every rank: the limits are)."""
+    try:
+        return [limit_with_margin(x, margin) for x in limits]
+    except ValueError as e:
+        raise OptPipeConfigError(f"memory_margin: {e}") from None
 
 
 def _chunking(problem: Problem) -> tuple[int, Placement]:
@@ -150,6 +159,8 @@ class Scheduler:
         self._solve_pending = False  # a solve is to be planned at the next boundary
         self._total_steps: float | None = None  # optimizer steps of the whole fit (inf: unknown)
         self.predicted_step: float | None = None  # the whole optimizer step's prediction
+        self._batches = BatchMetrics()  # this optimizer step's batches, for the run log
+        self._count = 1  # pipeline steps in the last optimizer step
 
     @property
     def calibrations(self) -> list[dict[str, Any]]:
@@ -201,35 +212,41 @@ class Scheduler:
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``"auto"``: 90% of the device memory less parameters,
-        gradients, optimizer state and what is allocated; unlimited on CPU)."""
+        gradients, optimizer state and what is allocated; unlimited on CPU), less the
+        ``memory_margin`` (``schedule/margin.py``)."""
         opt = self.options.memory_limit
         if opt is None:
             return None
         if opt != "auto":
-            return [float(opt)] * self.comm.num_stages
-        dev = self.device
-        if dev.type != "cuda":
+            limits = [float(opt)] * self.comm.num_stages
+        elif self.device.type != "cuda":
             return None
-        total = float(torch.cuda.get_device_properties(dev).total_memory)  # pragma: no cover
-        # what stays allocated between steps: parameters, gradients and two Adam moments (4x the
-        # parameters), or what is allocated now where that is more (it already holds them after
-        # the first optimizer step: subtracting both counted the parameters twice)
-        state = 4.0 * sum(p.numel() * p.element_size() for p in local_params)  # pragma: no cover
-        static = max(state, float(torch.cuda.memory_allocated(dev)))  # pragma: no cover
-        mine = max(total * 0.9 - static, 1.0)  # pragma: no cover
-        return [float(x) for x in self.comm.gather(mine)]  # pragma: no cover
+        else:  # pragma: no cover - GPU only
+            dev = self.device
+            total = float(torch.cuda.get_device_properties(dev).total_memory)
+            # what stays allocated between steps: parameters, gradients and two Adam moments (4x
+            # the parameters), or what is allocated now where that is more (it already holds
+            # them after the first optimizer step: subtracting both counted the parameters twice)
+            state = 4.0 * sum(p.numel() * p.element_size() for p in local_params)
+            static = max(state, float(torch.cuda.memory_allocated(dev)))
+            mine = max(total * 0.9 - static, 1.0)
+            limits = [float(x) for x in self.comm.gather(mine)]
+        return with_margin(limits, self.options.memory_margin)
 
     def problem_from_profile(self, profile: Profile) -> Problem:
         assert self.engine is not None
         limit = self.memory_limit(self.engine.parameters)
         if limit is not None and self.options.memory_limit == "auto":
             limit = limits_less_reserve(limit, profile)  # op transients (GPU-measured)
+        if limit is not None and self.run_log is not None and self.run_log.active:
+            self.run_log.record_memory_limit(limit)
         problem: Problem = profile.to_problem(memory_limit=limit)
         if not self.options.offload and problem.offload is not None:
             problem = problem.with_changes(offload=None)
-        if self.options.num_chunks is None and self.options.placement is None:
+        o = self.options
+        if o.num_chunks is None and o.placement is None and o.partition is None:
             # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below);
-            # a chunking the user set stays
+            # a chunking or a partition the user set stays
             problem = problem.with_changes(layers_per_stage=stage_layers(self.partition, problem))
         return problem
 
@@ -241,6 +258,7 @@ class Scheduler:
             "num_chunks": self.num_chunks,
             "schedule": o.schedule,
             "memory_limit": o.memory_limit if o.memory_limit != "auto" else "auto",
+            "memory_margin": o.memory_margin,
             "offload": o.offload,
             "data_parallel": o.data_parallel,
             "partition": self.partition,
@@ -290,12 +308,15 @@ class Scheduler:
         if self.comm.is_global_zero:
             self.run_log = RunLog(o.database, o.use_database, o.require_database)
         stored_json = self._stored_profile()
+        if self.run_log is not None and self.run_log.active:
+            # before the first switch (a stored profile switches right below), so the run
+            # records it
+            self.run_log.start_run(self._hardware, self._model_fp, self.config())
         if stored_json is not None or o.profile_steps == 0:
             # no profiling: schedule from the stored profile (or unit costs)
             self.engine = self.new_engine(base, profiling_schedule(base), measure=False)
             if stored_json is not None:
-                self.profile = Profile.model_validate_json(stored_json)
-                self.adopt(self.problem_from_profile(self.profile), "stored profile")
+                self.adopt_stored(stored_json)
             else:
                 self.adopt(base, "no profiling (unit costs)")
         else:
@@ -304,8 +325,14 @@ class Scheduler:
             self._may_repartition = o.partition is None and o.repartition
             if self._may_repartition:
                 self.engine.instrument_layers(True)
-        if self.run_log is not None and self.run_log.active:
-            self.run_log.start_run(self._hardware, self._model_fp, self.config())
+
+    def adopt_stored(self, profile_json: str) -> None:
+        """Run the schedule chosen on a stored profile. Its op costs hold the runtime overhead
+        per action fitted when it was measured (``Profile.runtime_overhead``): calibration takes
+        that out again before it re-fits the overhead on this run's steps."""
+        self.profile = Profile.model_validate_json(profile_json)
+        self.calibrator.overhead_in_problem = self.profile.runtime_overhead
+        self.adopt(self.problem_from_profile(self.profile), "stored profile")
 
     def _stored_profile(self) -> str | None:
         """Rank 0's stored profile of this model on this hardware (JSON), on every rank."""
@@ -381,6 +408,15 @@ class Scheduler:
             cursor.measure = False
         return losses
 
+    def note_batch(self, loss: float | Tensor | None, samples: int, tokens: int | None) -> None:
+        """A training batch of this optimizer step, for the run log (``BatchMetrics.add``)."""
+        self._batches.add(loss, samples, tokens)
+
+    def note_validation(self, val_loss: float | None) -> None:
+        """The loss of a validation run (after the optimizer steps so far), for the run log."""
+        if val_loss is not None and self.run_log is not None and self.run_log.active:
+            self.run_log.record_metrics(self.optimizer_steps, {"val_loss": val_loss})
+
     def metrics(self) -> dict[str, float]:
         """What a training step logs about the schedule: the switches so far, the running
         schedule's predicted step time (on measured costs) and the schedule itself."""
@@ -401,6 +437,7 @@ class Scheduler:
         self._boundary = now
         seconds, self._step_seconds = self._step_seconds, 0.0
         count, self._step_count = max(self._step_count, 1), 0
+        self._count = count
         self._outside.append(max(0.0, wall - seconds))
         if self.engine is not None and self.phase == "run":
             self._walls.append(wall)
@@ -436,11 +473,13 @@ class Scheduler:
         """The step in the run log (global rank 0): its wall seconds against the prediction made
         before it (``predicted_step``)."""
         cuda = self.device.type == "cuda"
+        metrics = self._batches.take()
         if self.run_log is not None and self.run_log.active and self.engine is not None:
             # GPU: every rank's peaks come later (``_gather_peaks``); CPU: none
             self.run_log.record_step(
                 self.optimizer_steps, wall, self.predicted_step, None if cuda else []
             )
+            self.run_log.record_metrics(self.optimizer_steps, metrics)
         if cuda:  # pragma: no cover - GPU only
             peak = torch.cuda.max_memory_allocated(self.device)
             watch = self.engine.cursor.memory if self.engine is not None else None
@@ -508,7 +547,11 @@ class Scheduler:
                     sched = best_baseline(problem)
                 else:
                     sched = choose_schedule(
-                        o.schedule, problem, o.solver_backend, o.solver_time_limit
+                        o.schedule,
+                        problem,
+                        o.solver_backend,
+                        o.solver_time_limit,
+                        chunkings=runnable_chunkings(problem),
                     )
                 if sched.problem is None or _chunking(sched.problem) == _chunking(problem):
                     sched = sched.model_copy(update={"problem": problem})
@@ -536,6 +579,7 @@ class Scheduler:
     def switch(self, schedule: Schedule, problem: Problem, reason: str) -> None:
         assert self.engine is not None
         old = self.engine.schedule.generator
+        before = self._predicted_before(problem)
         self.engine.switch(schedule, problem)
         self.engine.cursor.set_measure(False)
         self.calibrator.sampler.reset()  # calibration data belongs to the schedule that made it
@@ -559,7 +603,25 @@ class Scheduler:
             False,
         )
         if self.run_log is not None and self.run_log.active:
-            self.run_log.record_switch(self.optimizer_steps, schedule, problem, reason)
+            after = None if self.predicted is None else self.predicted * self._count
+            self.run_log.record_switch(
+                self.optimizer_steps, schedule, problem, reason, before, after
+            )
+
+    def _predicted_before(self, problem: Problem) -> float | None:
+        """The running schedule's predicted optimizer step (pipeline part) on the costs of this
+        moment: its own prediction, or (leaving the profiling schedule) its makespan on the
+        profiled problem when it runs that problem's shape; None on unit costs."""
+        assert self.engine is not None
+        if problem.name == "unprofiled":
+            return None
+        span = self.predicted
+        if span is None and _chunking(problem) == _chunking(self.engine.problem):
+            try:
+                span = simulate(problem, self.engine.schedule.actions).makespan
+            except Exception:  # a prediction is informative: never stop a switch for it
+                span = None
+        return None if span is None else span * self._count
 
     def calibrate(self, module: Any = None, count: int = 1) -> None:
         """Re-estimate the costs from the running schedule's steps (see ``Calibrator``); the
@@ -584,6 +646,16 @@ class Scheduler:
             f"ms, overhead {1e3 * record['overhead_seconds']:.3g} ms per action",
             not (res.first or moved),
         )
+        if self.run_log is not None and self.run_log.active:
+            self.run_log.record_calibration(
+                self.optimizer_steps,
+                float(record["previous_seconds"]) * count,
+                float(record["predicted_seconds"]) * count,
+                float(record["measured_seconds"]) * count,
+                f"calibrated {record['schedule']} from {record['steps']} steps "
+                f"({record['timed_steps']} op-timed), overhead "
+                f"{1e3 * record['overhead_seconds']:.3g} ms per action",
+            )
         self.resolve.on_calibrated(res.problem, self.engine.schedule, self.context(module, count))
 
     # ---- profiling ---------------------------------------------------------------------------
@@ -596,8 +668,7 @@ class Scheduler:
             stored_json = self._stored_profile()
             if stored_json is None:
                 return  # profile again, on the new partition
-            self.profile = Profile.model_validate_json(stored_json)
-            self.adopt(self.problem_from_profile(self.profile), "stored profile")
+            self.adopt_stored(stored_json)
             return
         self.engine.instrument_layers(False)
         profile, overhead = profile_pipeline(

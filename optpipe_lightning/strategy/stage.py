@@ -43,6 +43,7 @@ class RankCursor:
         measure: bool = False,
         waits: Sequence[tuple[int, int]] = (),
         memory: OpMemoryWatch | None = None,
+        reload_waits: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.device = device
         self.offload = offload
@@ -52,7 +53,7 @@ class RankCursor:
         # is set through ``set_measure`` (not by calibration's op timing)
         self.memory = memory
         self.watch_memory = measure and memory is not None
-        self.set_actions(actions, waits)
+        self.set_actions(actions, waits, reload_waits)
         # measurements: (op, chunk) -> list of seconds ; chunk -> list of saved bytes per forward
         self.times: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.saved_bytes: dict[int, list[int]] = defaultdict(list)
@@ -80,14 +81,27 @@ class RankCursor:
         if self.watch_memory and self.memory is not None:
             self.memory.close()
 
-    def set_actions(self, actions: Sequence[Action], waits: Sequence[tuple[int, int]] = ()) -> None:
-        """This rank's list, and where its offloads leave the device: (position of a compute
-        action, position of an earlier OFFLOAD whose copy has ended before that action starts),
-        from the simulator (``offload.settle_points``: its memory waits and the first action
-        after each copy's end)."""
+    def set_actions(
+        self,
+        actions: Sequence[Action],
+        waits: Sequence[tuple[int, int]] = (),
+        reload_waits: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """This rank's list, where its offloads leave the device, and which reloads wait for
+        memory.
+
+        ``waits``: (position of a compute action, position of an earlier OFFLOAD whose copy has
+        ended before that action starts), from the simulator (``offload.settle_points``: its
+        memory waits and the first action after each copy's end). ``reload_waits``: (position
+        of a RELOAD, position of the earlier OFFLOAD it waits for), the simulator's
+        ``Timeline.reload_waits``: such a reload is issued once that offload's device copies
+        are gone (a poll saw its copy done, or the compute stream waited on it at its settle
+        point), never before, and its host-to-device copy waits on that offload's event. Later
+        reloads keep their list order behind it (one copy lane per direction)."""
         self.actions = list(actions)
         self.offloaded = {(a.mb, a.chunk) for a in self.actions if a.op == "OFFLOAD"}
         self.waits: dict[int, list[tuple[int, int, int]]] = {}
+        settle_at: dict[int, int] = {}  # OFFLOAD position -> where its copies are dropped
         for f_pos, o_pos in waits:
             f, o = self.actions[f_pos], self.actions[o_pos]
             if not f.is_compute or o.op != "OFFLOAD" or o_pos >= f_pos:
@@ -96,18 +110,41 @@ class RankCursor:
                     "earlier OFFLOAD of this list"
                 )
             self.waits.setdefault(f_pos, []).append((0, o.mb, o.chunk))
+            settle_at[o_pos] = min(f_pos, settle_at.get(o_pos, f_pos))
+        # RELOAD position -> the offloads whose room it waits for (each settles at the latest
+        # at its settle point, which comes before the reload's backward)
+        self.reload_gates: dict[int, list[tuple[int, int, int]]] = {}
+        for r_pos, o_pos in reload_waits:
+            r, o = self.actions[r_pos], self.actions[o_pos]
+            if r.op != "RELOAD" or o.op != "OFFLOAD" or o_pos >= r_pos:
+                raise ValueError(
+                    f"reload wait ({r_pos}, {o_pos}) does not pair a RELOAD with an earlier "
+                    "OFFLOAD of this list"
+                )
+            key = (0, o.mb, o.chunk)
+            if o_pos not in settle_at:  # no point of its own: the next compute action settles it
+                later = (
+                    k for k in range(r_pos + 1, len(self.actions)) if self.actions[k].is_compute
+                )
+                gate = next(later, None)
+                if gate is None:
+                    raise ValueError(f"reload wait ({r_pos}, {o_pos}): no action after the RELOAD")
+                self.waits.setdefault(gate, []).append(key)
+                settle_at[o_pos] = gate
+            self.reload_gates.setdefault(r_pos, []).append(key)
         self.reset()
 
     def reset(self) -> None:
         self.pos = 0
         if self.memory is not None:
             self.memory.discard()  # a window left open by a step that did not finish
+        self._held: list[int] = []  # RELOAD positions issued later, in list order
         if self.offload is not None:
             self.offload.reset()
         self._t0: Any = None
 
     def finished(self) -> bool:
-        return all(not a.is_compute for a in self.actions[self.pos :])
+        return not self._held and all(not a.is_compute for a in self.actions[self.pos :])
 
     # -- around a compute action ---------------------------------------------------------------
 
@@ -127,6 +164,7 @@ class RankCursor:
             self.offload.poll()  # drop the device copies of finished offloads
             for key in self.waits.get(self.pos, ()):
                 self.offload.settle(key)  # this action starts after that copy (simulator)
+            self._issue_held()
         if self.measure:
             self._t0 = self._now()
 
@@ -146,9 +184,27 @@ class RankCursor:
             key = (0, a.mb, a.chunk)
             if a.op == "OFFLOAD":
                 self.offload.offload(key)
+            elif self._held or self.pos in self.reload_gates:
+                self._held.append(self.pos)  # waits for memory (or behind one that does)
             else:
                 self.offload.reload(key)
             self.pos += 1
+        if self._held and self.offload is not None:
+            self._issue_held()
+
+    def _issue_held(self) -> None:
+        """Issue the held reloads, in list order, whose offloads have left the device: a poll
+        saw their copies done, or this action is where the compute stream waits on them."""
+        assert self.offload is not None
+        self.offload.poll()  # a copy seen done frees its room now
+        while self._held:
+            r_pos = self._held[0]
+            keys = self.reload_gates.get(r_pos, [])
+            if any(self.offload.holds_offload(k) for k in keys):
+                return  # at the latest its gate's settle drops them (``set_actions``)
+            self._held.pop(0)
+            a = self.actions[r_pos]
+            self.offload.reload((0, a.mb, a.chunk), after=keys)
 
     def held_by_stage(self, mb: int, chunk: int, cached: Any) -> None:
         """The stage keeps these (its inputs and outputs) until the backward: never moved."""

@@ -99,6 +99,15 @@ class PipelinedSteps:
         # on fresh .grad, keep its gradients aside, and hand them over in ``backward``.
         loss, payload = self.grads.run(engine.parameters, run)
         step.replay(payload, self.device)
+        replicas = self.comm.data_parallel
+        tokens = token_count(arg_mbs)
+        sched.note_batch(
+            # one replica: the last stage's number as sent (no device read); else the mean over
+            # replicas, read when the run log writes
+            payload.loss if replicas == 1 else loss.detach(),
+            leading_size(batch) * replicas,
+            None if tokens is None else tokens * replicas,
+        )
         if isinstance(payload.output, dict) and payload.output:
             return {"loss": loss, **payload.output}
         return loss
@@ -130,6 +139,24 @@ class PipelinedSteps:
         payload = step.share(self.comm, pipe.last_rank)
         step.replay(payload, self.device)
         return payload.output
+
+
+def token_count(arg_mbs: Sequence[tuple[Any, ...]]) -> int | None:
+    """Tokens in a batch whose pipeline input is token ids (an integer tensor of two or more
+    dimensions, batch first: its elements); None otherwise."""
+    total = 0
+    for args in arg_mbs:
+        t = args[0] if args else None
+        if (
+            not isinstance(t, Tensor)
+            or t.ndim < 2
+            or t.is_floating_point()
+            or t.is_complex()
+            or t.dtype is torch.bool
+        ):
+            return None
+        total += int(t.numel())
+    return total if arg_mbs else None
 
 
 def step_arguments(

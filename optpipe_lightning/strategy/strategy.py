@@ -94,6 +94,9 @@ class OptPipeStrategy(ParallelStrategy):
             d runs layer group c*p+d; ``"vshape"``: zig-zag); default by schedule.
         memory_limit: activation bytes per device: ``"auto"`` (device memory minus parameters,
             gradients and optimizer state; unlimited on CPU), a number, or None (unlimited).
+        memory_margin: headroom kept free below every stage's limit before a schedule is
+            chosen: a fraction in [0, 1) (``0.1``: plan for 90% of it) or bytes (``"2GB"``,
+            ``2e9``, ``"512MiB"``); the meaning of the command line's ``--memory-margin``.
         offload: allow activation offload (the schedule decides which activations move).
         solver_backend, solver_time_limit: passed to ``optpipe_lightning.solver.solve``.
         database: SQLAlchemy URL of the profiles database (None: the default location);
@@ -139,6 +142,7 @@ class OptPipeStrategy(ParallelStrategy):
         num_chunks: int | None = None,
         placement: Literal["interleaved", "vshape"] | None = None,
         memory_limit: MemoryLimit = "auto",
+        memory_margin: float | str = 0.0,
         offload: bool = True,
         solver_backend: str = "auto",
         solver_time_limit: float = 30.0,
@@ -173,6 +177,7 @@ class OptPipeStrategy(ParallelStrategy):
             num_chunks=num_chunks,
             placement=placement,
             memory_limit=memory_limit,
+            memory_margin=memory_margin,
             offload=offload,
             solver_backend=solver_backend,
             solver_time_limit=solver_time_limit,
@@ -475,6 +480,18 @@ class OptPipeStrategy(ParallelStrategy):
         module, sched, _ = self._parts()
         if sched.engine is not None:
             module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
+
+    def on_validation_end(self) -> None:
+        """A validation run within ``fit`` (not the sanity check): its ``val_loss`` to the run
+        log (global rank 0's database; a number every rank holds, so no collective)."""
+        super().on_validation_end()
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if self.scheduler is None or trainer is None or trainer.sanity_checking:
+            return
+        if trainer.state.fn != "fit" or not self.is_global_zero:
+            return
+        value = trainer.callback_metrics.get("val_loss")
+        self.scheduler.note_validation(None if value is None else float(value))
 
     # ---- collectives -------------------------------------------------------------------------
 

@@ -389,3 +389,33 @@ def test_a_half_duplex_channel_copies_both_ways_on_one_stream(fake_cuda: _Log) -
     y.backward()
     assert x.grad is not None
     torch.testing.assert_close(x.grad, torch.exp(x.detach()))
+
+
+def test_a_reload_that_waits_for_memory_waits_on_that_offloads_copy(fake_cuda: _Log) -> None:
+    """The simulator's reload wait on the CUDA engine: the waited offload's device copies go
+    first (the compute stream waits on its copy, as at a settle point), then the reload's H2D
+    stream waits on the compute stream, its own offload and the waited one."""
+    from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
+
+    log = fake_cuda
+    eng = CudaCopyEngine(CPU, pool=PinnedPagePool(page_bytes=1024, pin=False))
+    mgr = OffloadManager(CPU, [], min_bytes=0, engine=eng)
+    x = torch.randn(64, requires_grad=True)
+    ys = []
+    for mb in (0, 1):
+        with mgr.store((0, mb, 0)).hooks():
+            ys.append(torch.exp(x).sum())
+        mgr.offload((0, mb, 0))
+    first, second = (mgr.stores[(0, mb, 0)].offload_event.name for mb in (0, 1))
+    assert mgr.holds_offload((0, 1, 0))  # its copy is not seen done
+    log.calls.clear()
+    mgr.reload((0, 0, 0), after=[(0, 1, 0)])
+    assert log.calls[:4] == [
+        f"compute.wait_event({second})",  # offload 1's copies can go: its room is the reload's
+        "h2d.wait_stream(compute)",
+        f"h2d.wait_event({first})",
+        f"h2d.wait_event({second})",
+    ]
+    assert not mgr.holds_offload((0, 1, 0))
+    ys[0].backward()
+    torch.testing.assert_close(x.grad, torch.exp(x.detach()))

@@ -194,3 +194,35 @@ def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
     dist.destroy_process_group()
     for got, want in zip(*grads, strict=True):  # attention's backward may use atomics
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_reload_that_waits_for_memory_takes_the_room_of_the_offload_it_waits_for() -> None:
+    """The simulator's reload wait on a GPU: reload 0 waits for offload 1 (delayed on its
+    stream). The device then holds no more than before the reload (offload 1's copies went, the
+    reload took their room), and neither copy is corrupted: the reload's buffers may reuse
+    offload 1's blocks only because its H2D stream waits on that copy."""
+    dev = _dev()
+    w = nn.Parameter(torch.randn(1024, 1024, device=dev) / 32)
+    mgr = OffloadManager(dev, [w], min_bytes=0)
+    xs = [torch.randn(4096, 1024, device=dev, requires_grad=True) for _ in range(2)]
+    y0 = _forward(mgr, (0, 0, 0), xs[0], w)
+    mgr.keep_held((0, 0, 0), [xs[0]])
+    mgr.offload((0, 0, 0))
+    mgr.synchronize()
+    y1 = _forward(mgr, (0, 1, 0), xs[1], w)
+    mgr.keep_held((0, 1, 0), [xs[1]])
+    with torch.cuda.stream(mgr.engine.d2h):
+        torch.cuda._sleep(SLEEP_CYCLES)  # offload 1's copy lands late
+    mgr.offload((0, 1, 0))
+    assert mgr.holds_offload((0, 1, 0))
+    before = torch.cuda.memory_allocated(dev)
+    mgr.reload((0, 0, 0), after=[(0, 1, 0)])
+    assert torch.cuda.memory_allocated(dev) <= before  # same bytes: offload 1's room
+    y0.backward()
+    mgr.release((0, 0, 0))
+    mgr.reload((0, 1, 0))
+    y1.backward()
+    for x in xs:
+        assert x.grad is not None
+        torch.testing.assert_close(x.grad, _reference(x, w))
+    mgr.close()

@@ -425,6 +425,10 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
             x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
             return DataLoader(TensorDataset(x, x), batch_size=8)
 
+        def val_dataloader(self) -> DataLoader:
+            x = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+            return DataLoader(TensorDataset(x, x), batch_size=8)
+
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     strategy = OptPipeStrategy(
         num_stages=1,
@@ -440,6 +444,8 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
         devices=1,
         strategy=strategy,
         max_steps=20,
+        check_val_every_n_epoch=10,
+        num_sanity_val_steps=0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -452,12 +458,25 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        import gc
+
+        gc.collect()  # the group's last references, while its threads exist (forks come later)
     db = open_database(url)
     with db.session() as s:
         run = repo.list_training_runs(s)[0]
         steps = repo.training_steps(s, run.id)
+        metrics = repo.training_metrics(s, run.id)
     db.close()
     assert [st.step for st in steps] == list(range(1, 21))  # (run.status: issue 23)
+    # the inspector's metrics: every step's loss and samples, the loss of each validation run
+    by_name: dict[str, list[tuple[int, float | None]]] = {}
+    for m in metrics:
+        by_name.setdefault(m.name, []).append((m.step, m.value))
+    assert [st for st, _ in by_name["train_loss"]] == list(range(1, 21))
+    assert all(v is not None and v > 0 for _, v in by_name["train_loss"])
+    assert by_name["samples"] == [(st, 8.0) for st in range(1, 21)]
+    assert [st for st, _ in by_name["val_loss"]] == [10, 20]  # after epochs 10 and 20
+    assert "tokens" not in by_name  # features, not token ids
     assert all(st.predicted_seconds is None for st in steps[:2])  # profiling
     assert all(st.predicted_seconds and st.measured_seconds > 0 for st in steps[2:])
     if accelerator == "gpu":
