@@ -68,29 +68,41 @@ def generate_all(problem: Problem) -> dict[str, Schedule | NotApplicable]:
     return out
 
 
+# Generators whose best chunking is most often the one with the most chunks (PipeOffload's
+# published sweep favours the largest v: a smaller group of chunks holds less per offload). At
+# a deadline these try their chunkings most chunks first, so the one kept is the likely best.
+MOST_CHUNKS_FIRST: frozenset[str] = frozenset({"pipeoffload", "adaoffload"})
+
+
 def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
     """The named baseline on every chunking the problem allows (``schedule.chunking``: only its
     own without ``layers_per_stage``), each schedule embedding the problem it was built for and
-    recording its chunking. Raises the own chunking's ``NotApplicable`` (else the first one's)
-    when it applies to none. Stopped at the caller's deadline (``_deadline.deadline_at``), it
-    returns the chunkings finished by then (the own chunking comes first), and raises
-    ``DeadlineExceeded`` only when none was."""
-    out: list[Schedule] = []
-    why: NotApplicable | None = None
-    for v, placement in chunkings(problem):
+    recording its chunking, listed own chunking first, then as ``chunkings`` gives them. Raises
+    the own chunking's ``NotApplicable`` (else the first one's) when it applies to none. Stopped
+    at the caller's deadline (``_deadline.deadline_at``), it returns the chunkings finished by
+    then, and raises ``DeadlineExceeded`` only when none was. The chunkings are tried in that
+    order too, except for ``MOST_CHUNKS_FIRST`` generators (most chunks first, then that order):
+    which finish before a deadline differs, never what a finished one gives."""
+    tried = list(chunkings(problem))
+    order = list(range(len(tried)))
+    if name in MOST_CHUNKS_FIRST:
+        order.sort(key=lambda i: -tried[i][0])
+    done: dict[int, Schedule] = {}
+    why: dict[int, NotApplicable] = {}
+    for i in order:
+        v, placement = tried[i]
         pb = rechunk(problem, v, placement)
         try:
-            out.append(stamped(generate(name, pb), pb))
+            done[i] = stamped(generate(name, pb), pb)
         except NotApplicable as e:
-            why = why or e
+            why[i] = e
         except DeadlineExceeded:
-            if out:
-                return out
+            if done:
+                break
             raise
-    if not out:
-        assert why is not None
-        raise why
-    return out
+    if not done:
+        raise why[min(why)]
+    return [done[i] for i in sorted(done)]
 
 
 def best_schedule(schedules: Sequence[Schedule]) -> Schedule:

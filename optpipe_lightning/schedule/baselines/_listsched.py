@@ -28,6 +28,7 @@ from ..problem import Problem
 from ..schedule import Action
 from ..simulator import MEMORY_TOLERANCE, MemoryCurve, SimResult, simulate
 from ._deadline import check_deadline
+from ._memory_bound import surely_over_limit
 
 Rows = list[list[Action]]
 Key = tuple[int, int, int]  # (stage, microbatch, chunk)
@@ -385,6 +386,13 @@ def offload_to_fit(
     return None, f"still over the memory limit after {max_rounds} offload rounds"
 
 
+def _moved(p: int, chosen: Sequence[Key]) -> list[set[tuple[int, int]]]:
+    out: list[set[tuple[int, int]]] = [set() for _ in range(p)]
+    for s, mb, c in chosen:
+        out[s].add((mb, c))
+    return out
+
+
 def prune_offloads(
     problem: Problem, rows: Rows, chosen: list[Key], res: SimResult, budget: int
 ) -> OffloadPlan:
@@ -402,8 +410,11 @@ def prune_offloads(
             check_deadline()
             lo = max(0, i - size)
             trial = cur[:lo] + cur[i:]
-            r = simulate(problem, with_transfers(problem, rows, trial, res))
             sims += 1
+            if surely_over_limit(problem, rows, _moved(problem.num_stages, trial)):
+                i = lo  # cannot fit whatever its timing (counted as a simulation all the same)
+                continue
+            r = simulate(problem, with_transfers(problem, rows, trial, res))
             if r.feasible and r.makespan is not None and r.makespan <= best_ms * (1 + 1e-9):
                 cur, res = trial, r
             i = lo

@@ -142,16 +142,19 @@ def _insert(row: list[tuple[Action, float, float]], passes: list[_Pass]) -> list
     """The compute order with each copy listed before the first op that ends after the copy's
     planned start (copies met together are ordered by start, copies out first)."""
     out: list[Action] = []
-    li = 0
+    li, n = 0, len(passes)
+    nxt = passes[0].start if n else float("inf")  # the next copy's planned start
     for a, _st, en in row:
-        batch: list[_Pass] = []
-        while li < len(passes) and passes[li].start < en:
-            batch.append(passes[li])
-            li += 1
-        batch.sort(key=lambda x: (x.start, 0 if x.is_send else 2))
-        out.extend(Action("OFFLOAD" if x.is_send else "RELOAD", *x.key) for x in batch)
+        if nxt < en:
+            batch: list[_Pass] = []
+            while li < n and passes[li].start < en:
+                batch.append(passes[li])
+                li += 1
+            nxt = passes[li].start if li < n else float("inf")
+            batch.sort(key=lambda x: (x.start, 0 if x.is_send else 2))
+            out.extend(Action("OFFLOAD" if x.is_send else "RELOAD", *x.key) for x in batch)
         out.append(a)
-    if li < len(passes):
+    if li < n:
         raise GridError("a copy is planned after the device's last op")
     return out
 

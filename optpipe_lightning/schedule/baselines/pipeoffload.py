@@ -44,6 +44,7 @@ from . import NotApplicable, make_schedule
 from ._deadline import check_deadline
 from ._gis_order import Plan, Rows, gis_order, group_sizes, min_group_size, planning_times
 from ._listsched import below_one_activation
+from ._memory_bound import surely_over_limit
 from ._offload_grid import RULES, GridError, Rule, place_copies
 
 
@@ -155,6 +156,8 @@ def pipeoffload(problem: Problem) -> Schedule:
                     reasons.append(f"g={g} k={k} {rule}: {e}")
                     break  # more chunks only crowd the grid further
                 key = tuple(map(tuple, rows))  # the rules often agree: simulate once
+                if key not in seen and surely_over_limit(problem, rows):
+                    continue  # cannot fit whatever its timing: the next k (no simulation)
                 res = seen.get(key) or seen.setdefault(key, simulate(problem, rows))
                 if res.feasible:
                     if _better(_key(res, len(chosen)), best and best[0]):
