@@ -216,6 +216,9 @@ def test_two_nodes_through_torchrun_train_as_one_device(
     port = free_port()
     out = tmp_path / "two_nodes.pt"
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    # each node's output to a file: a pipe read only after the other node ends fills (64 kB of
+    # warnings) and blocks its writer inside a collective -- both nodes then wait for ever
+    outs = [tmp_path / f"node{node}.log" for node in range(2)]
     nodes = [
         subprocess.Popen(
             [
@@ -231,20 +234,23 @@ def test_two_nodes_through_torchrun_train_as_one_device(
                 str(out),
             ],
             env=env,
-            stdout=subprocess.PIPE,
+            stdout=outs[node].open("w"),
             stderr=subprocess.STDOUT,
             text=True,
         )
         for node in range(2)
     ]
-    logs = []
-    for proc in nodes:
-        try:
-            logs.append(proc.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for p in nodes:
-                p.kill()
-            raise
+    try:
+        for proc in nodes:
+            proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        for p in nodes:
+            p.kill()
+        raise AssertionError(
+            "two-node run still going after 300 s:\n"
+            + "\n".join(o.read_text()[-3000:] for o in outs if o.exists())
+        ) from None
+    logs = [o.read_text() for o in outs]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(x[-3000:] for x in logs)
     got = torch.load(out, weights_only=False)
     assert got["world"] == {"nodes": 2, "devices": 2, "world_size": 4, "num_stages": 4}
