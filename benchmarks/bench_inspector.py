@@ -182,7 +182,11 @@ def main() -> int:
     ap.add_argument("--old", default=None, help="git ref of the code to compare with")
     ap.add_argument("--repeats", type=int, default=3, help="cold starts per app")
     ap.add_argument("--warm", type=int, default=4, help="reloads after each cold start")
-    ap.add_argument("--schedule", default="pipeoffload", help="baseline that makes the schedule")
+    ap.add_argument(
+        "--schedule",
+        default="adaoffload",
+        help="baseline that makes the schedule (the published PipeOffload rule fits nothing here)",
+    )
     args = ap.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
