@@ -197,7 +197,9 @@ def gpu_tests(res: dict[str, Any], flush: Callable[[], None], budget: Budget) ->
     if not files:
         res["summary"] = "no gpu-marked tests"
         return
+    # one process (the GPU machine may lack pytest-xdist, which the project's addopts use)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"]
+    cmd += ["-o", "addopts=--strict-markers", "-p", "no:xdist"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), *(x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x)]

@@ -21,7 +21,22 @@ import pytest
 from solver_budget import DETERMINISTIC_CAP, UNBOUNDED_SECONDS
 
 
+def _cache_typer_commands() -> None:
+    """Build each Typer app's click command once per session: ``typer.testing.CliRunner``
+    rebuilds it (type hints, signatures, ~40 ms) on every ``invoke``, and the CLI tests invoke
+    about a thousand times."""
+    import functools
+
+    import typer.testing
+
+    if not hasattr(typer.testing._get_command, "cache_info"):
+        typer.testing._get_command = functools.lru_cache(maxsize=None)(  # type: ignore[assignment]
+            typer.testing._get_command
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _cache_typer_commands()
     config.addinivalue_line(
         "markers",
         "cpsat_cap(work): with deterministic_cpsat, the most deterministic time of one search "

@@ -215,7 +215,12 @@ def test_two_nodes_through_torchrun_train_as_one_device(
     script = Path(__file__).with_name("two_node_train.py")
     port = free_port()
     out = tmp_path / "two_nodes.pt"
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    os = __import__("os")
+    # the checkout first on the path: the nodes import this tree even where the installed
+    # package points elsewhere
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     # each node's output to a file: a pipe read only after the other node ends fills (64 kB of
     # warnings) and blocks its writer inside a collective -- both nodes then wait for ever
     outs = [tmp_path / f"node{node}.log" for node in range(2)]
