@@ -1,11 +1,11 @@
 """The inspector's server process: Streamlit's own command line, with the app's imports warmed.
 
 ``python -m optpipe_lightning.inspector.serve APP [streamlit options] [-- app args]`` is
-``streamlit run APP ...`` plus a background thread that imports what the first page needs
-(pandas, Altair and its schema, SQLAlchemy, Alembic's migration scripts, the simulator) once the
-server answers, while the first browser downloads and starts Streamlit's frontend, so the first
-script run finds them loaded instead of importing them (seconds on a loaded machine). The thread
-only imports; a page that needs a module first simply waits on Python's import lock for it.
+``streamlit run APP ...`` plus a background thread that, once the server answers, imports what
+the first page needs (pandas, Altair and its schema, SQLAlchemy, the simulator) and makes
+Streamlit's once-per-process first calls, while the first browser downloads and starts
+Streamlit's frontend; the first script run then finds them done (seconds on a loaded machine).
+The thread only prepares; a page that needs a module first simply waits on Python's import lock.
 """
 
 from __future__ import annotations
@@ -45,19 +45,35 @@ def _wait_until_serving(port: int | None, timeout: float = 30.0) -> None:
 def warm_up(port: int | None = None) -> None:
     """Import and initialise what every page uses (errors are left to the page to report)."""
     _wait_until_serving(port)
+    print("TRACE warm_start", time.time(), file=sys.stderr, flush=True)
     try:
         import altair as alt
         import pandas as pd
 
         from optpipe_lightning.inspector import charts, data, frames, labels, ui  # noqa: F401
-        from optpipe_lightning.profiles_db import head_revision, repository  # noqa: F401
+        from optpipe_lightning.profiles_db import repository  # noqa: F401
         from optpipe_lightning.schedule import simulate  # noqa: F401
 
-        head_revision()  # parses the migration scripts once
+        print("TRACE warm_imports_done", time.time(), file=sys.stderr, flush=True)
         # Altair loads and compiles its Vega-Lite JSON schema on the first validation
         alt.Chart(pd.DataFrame({"x": [0.0]})).mark_bar().encode(x="x:Q").to_dict()
+        _warm_streamlit_first_calls()
     except Exception:  # pragma: no cover - the page reports its own import errors
         return
+
+
+def _warm_streamlit_first_calls() -> None:
+    """What Streamlit does once per process on a page's first calls, done here instead of in
+    the first script run (~0.2 s of it): ``set_page_config`` with an emoji icon loads its emoji
+    table, and the first element checks once whether it runs in a REPL, walking the script
+    thread's deep stack with ``inspect.stack()`` (reading every frame's source file). From this
+    thread's short stack that check is cheap, and it is not repeated."""
+    from streamlit import delta_generator, string_util
+
+    string_util.is_emoji("📊")
+    check = getattr(delta_generator, "_maybe_print_use_warning", None)
+    if callable(check):  # a private helper: skipped if a Streamlit version drops it
+        check()
 
 
 def main() -> None:

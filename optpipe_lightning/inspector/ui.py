@@ -154,6 +154,16 @@ def fmt_bytes(x: float | None) -> str:
     return format_bytes(None if x is None or pd.isna(x) else float(x), none="–")
 
 
+def idle_table(idle: pd.DataFrame, *, unit: str) -> str:
+    """``frames.idle_frame`` as a Markdown table: stage, busy and idle time, idle share."""
+    lines = [f"| stage | busy ({unit}) | idle ({unit}) | idle |", "|---:|---:|---:|---:|"]
+    lines += [
+        f"| {int(r.device)} | {r.busy:,.3f} | {r.idle:,.3f} | {r.idle_fraction:.1%} |"
+        for r in idle.itertuples()
+    ]
+    return "\n".join(lines)
+
+
 def fmt_pct(x: float | None) -> str:
     return "–" if x is None or pd.isna(x) else f"{x:.1%}"
 

@@ -99,7 +99,7 @@ def save_png(png: bytes, path: Path) -> None:
 
 
 def check_tooltip(page: Any) -> None:
-    """Hovering a bar of the timeline shows its tooltip (op, stage, microbatch, duration)."""
+    """Hovering a bar of the timeline shows its tooltip (op, stage, microbatch, start, end)."""
     gantt = page.locator(DRAWN).nth(1)  # the Gantt, under the busy strips
     gantt.scroll_into_view_if_needed()
     # an SVG chart (under 2,000 bars) labels each bar with its tooltip's fields
@@ -110,7 +110,7 @@ def check_tooltip(page: Any) -> None:
     tip = page.locator("#vg-tooltip-element")
     tip.wait_for(state="visible", timeout=5_000)
     text = tip.inner_text()
-    assert "microbatch" in text and "duration (ms)" in text, text
+    assert "microbatch" in text and "end (ms)" in text, text
     page.mouse.move(0, 0)
 
 

@@ -48,7 +48,7 @@ def test_timeline_chart_spec_and_data(offload_case: tuple) -> None:
         charts.KIND_RANGE[charts.KIND_DOMAIN.index(k)] for k in present
     ]
     tips = {t["field"]: t["title"] for t in enc["tooltip"]}
-    assert tips["duration"] == "duration (ms)" and "waits_for" not in tips
+    assert tips["start"] == "start (ms)" and tips["end"] == "end (ms)" and "waits_for" not in tips
     (zoom,) = spec["params"]  # Altair lifts layer params to the top, naming their view
     assert zoom["bind"] == "scales" and zoom["select"]["encodings"] == ["x"]
     assert zoom["views"] == [bars["name"]]
@@ -76,8 +76,10 @@ def test_only_the_ops_that_waited_show_the_wait() -> None:
     # every bar from one dataset without a transform; the op that waited again, on top
     assert "transform" not in plain and "transform" not in waited
     assert len(spec["datasets"][plain["data"]["name"]]) == 2
+    # only the columns the chart draws (no duration: the tooltip says start and end)
+    expected = {k: v for k, v in tl.iloc[1].to_dict().items() if k != "duration"}
     assert spec["datasets"][waited["data"]["name"]] == [
-        {**tl.iloc[1].to_dict(), "device": 0, "micro": 1, "chunk": 0}
+        {**expected, "device": 0, "micro": 1, "chunk": 0}
     ]
     assert "waits_for" not in {t["field"] for t in plain["encoding"]["tooltip"]}
     assert "waits_for" in {t["field"] for t in waited["encoding"]["tooltip"]}

@@ -32,3 +32,27 @@ def test_downgrade_and_upgrade_again(sqlite_url: str) -> None:
     with db.engine.connect() as conn:
         assert set(inspect(conn).get_table_names()) == OPTPIPE_TABLES | {VERSION_TABLE}
     db.close()
+
+
+def test_the_head_revision_constant_is_the_newest_migration() -> None:
+    """``HEAD_REVISION`` (read without importing Alembic) is what Alembic reads from the
+    scripts: a new migration must update it."""
+    from optpipe_lightning.profiles_db.database import _script_directory
+
+    assert _script_directory().get_current_head() == head_revision()
+
+
+def test_reading_a_current_database_never_imports_alembic(sqlite_url: str) -> None:
+    import subprocess
+    import sys
+
+    open_database(sqlite_url).close()
+    code = (
+        "import sys\n"
+        "from optpipe_lightning.profiles_db import open_database, repository\n"
+        f"with open_database({sqlite_url!r}, read_only=True, create=False) as db:\n"
+        "    with db.session() as s: repository.list_problems(s)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -43,17 +43,12 @@ st.caption(
         else ""
     )
     + ". Gaps are idle time. Scroll to zoom, drag to pan, double-click to reset; hover a bar "
-    "for its stage, microbatch, chunk, start and duration."
+    "for its stage, microbatch, chunk, start and end."
 )
 detail = ui.windowed(timeline, key="window", unit=unit)
 ui.chart(charts.timeline_chart(detail, unit=unit), key="timeline_chart")
 
 with st.expander("idle time per stage"):
-    ui.dataframe(
-        view["idle"],
-        column_config={
-            "busy": st.column_config.NumberColumn(f"busy ({unit})", format="%.3f"),
-            "idle": st.column_config.NumberColumn(f"idle ({unit})", format="%.3f"),
-            "idle_fraction": st.column_config.NumberColumn("idle", format="percent"),
-        },
-    )
+    # a Markdown table: a data grid here would make the first view download and start the
+    # grid's ~1.2 MB of scripts beside the charts' (the first drawn Timeline waited on it)
+    st.markdown(ui.idle_table(view["idle"], unit=unit))
