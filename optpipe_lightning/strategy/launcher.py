@@ -9,10 +9,15 @@ process, not one per worker with the others waiting.
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from lightning.pytorch.strategies.launchers import (
     _MultiProcessingLauncher,
     _SubprocessScriptLauncher,
@@ -23,6 +28,64 @@ from .fork_safety import inherited_objects_frozen
 
 if TYPE_CHECKING:
     from .strategy import OptPipeStrategy
+
+log = logging.getLogger(__name__)
+
+
+def _port_in_use(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_main_port(env: Any) -> None:
+    """Move the rendezvous to a free port when the one Lightning would use is taken.
+
+    For the launches that start their ranks from this process (fork, spawn): Lightning keeps
+    the first ``MASTER_PORT`` it picks in ``os.environ`` for every later ``Trainer`` of the
+    process. After a run inside this process (a notebook, one device), the rendezvous store of
+    that run can still listen there until its last references are collected; the ranks of the
+    next run then meet that stale store, read the addresses of ranks that are gone, and fail to
+    connect ("Connection refused") or wait for each other for ever. A port nothing listens on
+    is kept, whoever set it.
+    """
+    if not isinstance(env, LightningEnvironment):
+        return
+    address = env.main_address if env.main_address != "localhost" else "127.0.0.1"
+    old = env.main_port
+    if not _port_in_use(address, old):
+        return
+    new = find_free_network_port()
+    os.environ["MASTER_PORT"] = str(new)
+    env._main_port = new  # read once by Lightning; no public setter
+    log.info("optpipe: rendezvous port %d is in use here; using %d", old, new)
+
+
+def release_finished_world() -> None:
+    """Destroy the process group an earlier run left initialized in this process, before
+    forking ranks that start a world of their own.
+
+    Lightning leaves the group of a run inside the launching process (one device, a notebook)
+    initialized after ``fit``. Forked ranks would inherit it as already initialized -- each
+    alone in a world of one, waiting in its first collective on threads it does not have -- and
+    it cannot be destroyed in them (its destructor joins those threads). Here, where its threads
+    exist, it goes; its last references in reference cycles are collected at once.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    log.info(
+        "optpipe: destroying the process group an earlier run left in this process "
+        "(the forked ranks start their own)"
+    )
+    dist.destroy_process_group()
+    gc.collect()
 
 
 class CheckingLauncher(_Launcher):
@@ -55,6 +118,10 @@ class CheckingLauncher(_Launcher):
         model = args[0] if args else None
         if isinstance(model, pl.LightningModule):
             self.strategy.precheck_model(model, fitting=getattr(trainer, "training", False))
+        if self.start_method == "fork":
+            release_finished_world()
+        if self.start_method != "popen":  # rank 0 hosts the rendezvous store on this machine
+            free_main_port(self.strategy.cluster_environment)
         if self.start_method == "fork":
             # the forked ranks must never collect this process's objects (``fork_safety``)
             with inherited_objects_frozen():

@@ -27,7 +27,6 @@ accumulated gradient exactly the single-device one; data-parallel replicas avera
 from __future__ import annotations
 
 import logging
-import os
 import types
 import warnings
 from collections.abc import Callable, Mapping
@@ -56,6 +55,7 @@ from torch.optim import Optimizer
 from ..schedule import Problem, Schedule
 from .checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
 from .contract import ContractError, PipelineSpec, get_spec
+from .fork_safety import set_cpu_threads
 from .host_allocator import tune_host_allocator
 from .launcher import CheckingLauncher
 from .module_steps import DEFAULT_STEPS, PipelineStepError
@@ -333,10 +333,8 @@ class OptPipeStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         self.check_sizes(self.total_devices)
-        if self.root_device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            # CPU stages share the cores: oversubscribed threads make every op slower than
-            # profiled (torchrun sets OMP_NUM_THREADS=1 for the same reason)
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+        if self.root_device.type == "cpu":
+            set_cpu_threads(self.num_processes, forked=self._start_method == "fork")
         if self.root_device.type == "cpu" and self.options.tune_host_allocator:
             # steady op times: no unmapping and re-faulting of tensor memory (host_allocator.py)
             log.info("optpipe: %s", tune_host_allocator())
