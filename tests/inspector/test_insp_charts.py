@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from optpipe_lightning.demo import demo_profile
-from optpipe_lightning.inspector import charts, frames
+from optpipe_lightning.inspector import charts, frames, training_charts
 from optpipe_lightning.inspector import training_frames as tf
 from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -234,7 +234,9 @@ def test_training_charts() -> None:
         {},
     )  # fmt: skip
     unit = tf.step_unit(steps)
-    spec = charts.step_time_chart(tf.step_frame(steps, unit), events, unit=unit.name).to_dict()
+    spec = training_charts.step_time_chart(
+        tf.step_frame(steps, unit), events, unit=unit.name
+    ).to_dict()
     lines, rules, text = spec["layer"]
     assert lines["encoding"]["color"]["scale"]["domain"] == ["measured", "predicted"]
     assert lines["encoding"]["y"]["title"] == "step time (ms)"
@@ -243,20 +245,20 @@ def test_training_charts() -> None:
         "calibrated (+4.0%)",
         "→ #2 (-10.0%)",
     ]
-    assert len(charts.step_time_chart(tf.step_frame(steps, unit)).to_dict()["layer"]) == 1
+    assert len(training_charts.step_time_chart(tf.step_frame(steps, unit)).to_dict()["layer"]) == 1
     loss = pd.DataFrame({"step": [0, 1, 1], "series": ["train", "train", "validation"],
                          "value": [3.0, 2.5, 2.7]})  # fmt: skip
-    assert charts.loss_chart(loss).to_dict()["layer"][0]["encoding"]["color"]["scale"][
+    assert training_charts.loss_chart(loss).to_dict()["layer"][0]["encoding"]["color"]["scale"][
         "domain"
     ] == ["train", "validation"]
     thr = pd.DataFrame({"step": [0, 1], "value": [40.0, 41.0]})
-    assert charts.throughput_chart(thr, what="tokens").to_dict()["encoding"]["y"]["title"] == (
-        "tokens / s"
-    )
+    assert training_charts.throughput_chart(thr, what="tokens").to_dict()["encoding"]["y"][
+        "title"
+    ] == ("tokens / s")
     mu = tf.memory_unit(steps, {"memory_limit": [1.2e10, 1.2e10]})
     mem = tf.rank_memory_frame(steps, mu)
     lim = tf.limit_frame({"memory_limit": [1.2e10, 1.2e10]}, 2, mu)
-    spec = charts.rank_memory_chart(mem, lim, unit=mu.name).to_dict()
+    spec = training_charts.rank_memory_chart(mem, lim, unit=mu.name).to_dict()
     limit, lines = spec["layer"]
     assert limit["mark"]["type"] == "rule" and lines["encoding"]["color"]["field"] == "rank"
     assert spec["datasets"][limit["data"]["name"]][0]["limit"] == pytest.approx(12.0)

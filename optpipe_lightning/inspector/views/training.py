@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from optpipe_lightning.inspector import charts, data, ui
+from optpipe_lightning.inspector import data, training_charts, ui
 from optpipe_lightning.inspector import training_frames as tf
 
 url = ui.db_url()
@@ -56,13 +56,13 @@ st.subheader("Loss")
 if loss.empty:
     st.caption("This run recorded no loss (`train_loss` / `val_loss` metrics).")
 else:
-    ui.chart(charts.loss_chart(loss, events), key="loss_chart")
+    ui.chart(training_charts.loss_chart(loss, events), key="loss_chart")
 
 st.subheader(f"Throughput ({what} per second)")
 if throughput.empty:
     st.caption("This run recorded no sample or token counts, so its throughput is unknown.")
 else:
-    ui.chart(charts.throughput_chart(throughput, what=what), key="throughput_chart")
+    ui.chart(training_charts.throughput_chart(throughput, what=what), key="throughput_chart")
 
 st.subheader("Step time: measured and predicted")
 st.caption(
@@ -70,7 +70,7 @@ st.caption(
     "that step. Solid rules: schedule switches; dotted: re-calibrations of the costs (both "
     "labelled with the predicted change; hover for the reason)."
 )
-ui.chart(charts.step_time_chart(step_times, events, unit=unit.name), key="step_time_chart")
+ui.chart(training_charts.step_time_chart(step_times, events, unit=unit.name), key="step_time_chart")
 
 st.subheader("Peak memory per rank")
 mu = tf.memory_unit(steps, detail)
@@ -81,7 +81,9 @@ else:
     limits = tf.limit_frame(detail, int(peaks["rank"].max()) + 1, mu)
     if len(limits) and (limits["what"] == "device").all():
         st.caption("Dashed: the device's memory (the run recorded no memory limit).")
-    ui.chart(charts.rank_memory_chart(peaks, limits, unit=mu.name), key="rank_memory_chart")
+    ui.chart(
+        training_charts.rank_memory_chart(peaks, limits, unit=mu.name), key="rank_memory_chart"
+    )
 
 if len(events):
     n_switch = int((events["kind"] == "switch").sum())
