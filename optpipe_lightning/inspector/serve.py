@@ -45,7 +45,6 @@ def _wait_until_serving(port: int | None, timeout: float = 30.0) -> None:
 def warm_up(port: int | None = None) -> None:
     """Import and initialise what every page uses (errors are left to the page to report)."""
     _wait_until_serving(port)
-    print("TRACE warm_start", time.time(), file=sys.stderr, flush=True)
     try:
         import altair as alt
         import pandas as pd
@@ -54,7 +53,6 @@ def warm_up(port: int | None = None) -> None:
         from optpipe_lightning.profiles_db import repository  # noqa: F401
         from optpipe_lightning.schedule import simulate  # noqa: F401
 
-        print("TRACE warm_imports_done", time.time(), file=sys.stderr, flush=True)
         # Altair loads and compiles its Vega-Lite JSON schema on the first validation
         alt.Chart(pd.DataFrame({"x": [0.0]})).mark_bar().encode(x="x:Q").to_dict()
         _warm_streamlit_first_calls()
