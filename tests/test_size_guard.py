@@ -197,10 +197,24 @@ def test_the_time_limit_holds_at_the_largest_size_each_command_takes(
     assert size_guard.units(pb) == MAX_UNITS[command]
     limit = min_time_limit(pb, command)
     path = _write(tmp_path, pb)
+    share = cpu_share()
     t0 = time.perf_counter()
     res = runner.invoke(app, [command, str(path), "--json", "--time-limit", repr(limit)])
     took = time.perf_counter() - t0
+    share = min(share, cpu_share())
     assert res.exit_code == 0, res.output
-    # 10% idle (BENCHMARKS.md "Size limits"); a machine at load 10 on 2 cores stretches the
-    # steps that cannot be cut (the last simulation, the output) 3-5x: half the limit then
-    assert took <= 1.5 * limit, (command, took, limit)
+    # within 10% idle (BENCHMARKS.md "Size limits"); the steps that cannot be cut (a baseline's
+    # step in progress at the deadline, the last simulation, the output) stretch with the share
+    # of a core this process gets on a busy machine: half the limit on an idle one, more as the
+    # measured share falls (it took 2.15x the limit at load 13 on 2 cores)
+    allowed = limit * (1.0 + 0.5 / max(share, 0.1))
+    assert took <= allowed, (command, took, limit, share)
+
+
+def cpu_share(seconds: float = 0.2) -> float:
+    """The share of one core this thread gets now: its CPU time over the wall time of a busy
+    loop (1.0 on an idle machine, ~0.15 at load 13 on 2 cores)."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - w0 < seconds:
+        sum(range(1000))
+    return (time.thread_time() - c0) / (time.perf_counter() - w0)
