@@ -16,7 +16,8 @@ missing folder, newer schema, unreachable server) raise ``DatabaseError`` with o
 the user; ``try_open_database`` returns None instead, for runs that carry on without it.
 ``profile_defect(profile)`` says why a profile cannot serve the model it claims (None when it
 can): the strategy asks it before it uses a profile it was handed.
-See ``database`` (connection and migration rules) and ``repository`` (lookup rules).
+See ``database`` (connection and migration rules), ``repository`` (what is stored and read)
+and ``profiles`` (the rules for reusing a profile).
 """
 
 from .database import (
