@@ -28,7 +28,7 @@ from bench_solver import make_problem, parse_instance
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver import periodic, solve
 
-solve_module = importlib.import_module("optpipe_lightning.solver.solve")
+phases_module = importlib.import_module("optpipe_lightning.solver.phases")
 
 # the slow-copy rows of bench_solver's 24-row table (where the periodic search runs), copies 1x,
 # and the measured profiles at half and a quarter of 1F1B's memory
@@ -57,13 +57,13 @@ def problem_of(text: str) -> Problem:
 
 @contextmanager
 def without_periodic(off: bool) -> Iterator[None]:
-    saved = solve_module._run_periodic
+    saved = phases_module._run_periodic
     try:
         if off:
-            solve_module._run_periodic = lambda *a, **k: None
+            phases_module._run_periodic = lambda *a, **k: None
         yield
     finally:
-        solve_module._run_periodic = saved
+        phases_module._run_periodic = saved
 
 
 def run(pb: Problem, variant: str, time_limit: float, workers: int) -> dict[str, Any]:

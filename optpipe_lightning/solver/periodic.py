@@ -44,7 +44,7 @@ from ..schedule.bounds import least_time_for_memory
 from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
 from .cpsat import add_resources, memory_scale, solve_stoppable
-from .heuristics import slow_copies
+from .list_rules import slow_copies
 from .ticks import OpKey, TickModel
 
 # pattern sizes tried, in order (K microbatches per period), each after a divisor that can hint

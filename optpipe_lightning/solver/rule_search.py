@@ -1,6 +1,6 @@
 """Local search over the list-scheduling rules' parameters, in the heuristic phase's spare time.
 
-The fixed portfolio (``heuristics.default_rules``) tries each rule at one setting; the best
+The fixed portfolio (``list_rules.default_rules``) tries each rule at one setting; the best
 setting differs by problem (8x32x2 at a quarter of the memory, copies 0.5x: the portfolio's best
 is 114.5, the same rule family with 0.75 of 1F1B's depth and reloads two stages ahead gives 111).
 So, from the best rules found, hill-climb: try each neighbour (in-flight depth a step up or down,
@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
-from .heuristics import ListRule, run_rule
+from .heuristics import run_rule
+from .list_rules import ListRule
 
 # neighbours' steps: the in-flight factor of the fitted rules and of the others
 FIT_STEPS = (-0.1, -0.05, 0.05, 0.1)

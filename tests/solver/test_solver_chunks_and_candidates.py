@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ from bench_problems import bench_problem
 from typer.testing import CliRunner
 
 import optpipe_lightning.schedule.baselines.adaoffload as adaoffload_mod
+import optpipe_lightning.solver.candidates as candidates_mod
+import optpipe_lightning.solver.phases as phases_mod
 from optpipe_lightning.cli import app
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import generate
@@ -97,10 +98,11 @@ def _slow_adaoffload(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 
 def _without_fitted_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """The list rules that tie adaoffload here, and the rule search, out of the solver."""
-    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
-    rules = solve_mod.default_rules
-    monkeypatch.setattr(solve_mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
-    monkeypatch.setattr(solve_mod, "search_rules", lambda *a, **k: iter(()))
+    rules = phases_mod.default_rules
+    # default_rules is looked up where the list rules run and where the rule search starts
+    for mod in (candidates_mod, phases_mod):
+        monkeypatch.setattr(mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
+    monkeypatch.setattr(phases_mod, "search_rules", lambda *a, **k: iter(()))
 
 
 def test_given_candidates_are_never_beaten_by_the_result(monkeypatch: pytest.MonkeyPatch) -> None:

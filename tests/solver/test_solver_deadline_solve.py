@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
@@ -13,12 +12,15 @@ from solver_budget import UNBOUNDED_SECONDS
 
 import optpipe_lightning.schedule.baselines as baselines_pkg
 import optpipe_lightning.solver.backend as backend_mod
+import optpipe_lightning.solver.candidates as candidates_mod
 import optpipe_lightning.solver.cpsat as cpsat_mod
+import optpipe_lightning.solver.phases as phases_mod
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines._deadline import check_deadline
 from optpipe_lightning.solver import solve
+from optpipe_lightning.solver.candidates import baseline_schedules
 from optpipe_lightning.solver.cpsat import CpOutcome
-from optpipe_lightning.solver.solve import Budget, _baselines
+from optpipe_lightning.solver.incumbent import Budget
 
 _pb = bench_problem
 
@@ -116,7 +118,7 @@ def test_solver_deadline_running_baseline_is_stopped_and_named(
 
     monkeypatch.setattr(baselines_pkg, "generate", slow)
     budget = Budget(time.perf_counter(), 0.3)
-    out = _baselines(_pb(4, 8), budget.at(0.5), budget)
+    out = baseline_schedules(_pb(4, 8), budget.at(0.5), budget)
     assert out == []
     assert calls == ["adaoffload"]  # the memory-aware ones first; none started after it
     assert budget.skipped[0].startswith("baseline adaoffload stopped after ")
@@ -127,19 +129,19 @@ def test_solver_deadline_running_baseline_is_stopped_and_named(
 def _without_fitted_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drop the memory-fitted list rules and the rule search (they tie adaoffload on the
     problem these tests use)."""
-    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
-    rules = solve_mod.default_rules
-    monkeypatch.setattr(solve_mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
-    monkeypatch.setattr(solve_mod, "search_rules", lambda *a, **k: iter(()))
+    rules = phases_mod.default_rules
+    # default_rules is looked up where the list rules run and where the rule search starts
+    for mod in (candidates_mod, phases_mod):
+        monkeypatch.setattr(mod, "default_rules", lambda p: [r for r in rules(p) if not r.fit])
+    monkeypatch.setattr(phases_mod, "search_rules", lambda *a, **k: iter(()))
 
 
 def test_solver_deadline_stopped_baselines_get_the_time_the_backend_leaves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    solve_mod = sys.modules["optpipe_lightning.solver.solve"]
     # the first half gives the baselines no time at all (as on a machine too slow for their
     # share); the heuristic backend leaves the rest of the limit: they run then, until it
-    monkeypatch.setattr(solve_mod, "BASELINE_SHARE", 0.0)
+    monkeypatch.setattr(phases_mod, "BASELINE_SHARE", 0.0)
     _without_fitted_rules(monkeypatch)
     pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule left (96)
     res = solve(pb, backend="heuristic", time_limit=20, workers=1)
@@ -168,7 +170,7 @@ def test_solver_deadline_a_baseline_stopped_while_running_gets_a_second_try(
     _without_fitted_rules(monkeypatch)
     # the first try is stopped at its share (3 s); the second has what the heuristic backend
     # leaves of 30 s, far more than adaoffload needs on a busy machine (it returns at once)
-    monkeypatch.setattr(sys.modules["optpipe_lightning.solver.solve"], "BASELINE_SHARE", 0.1)
+    monkeypatch.setattr(phases_mod, "BASELINE_SHARE", 0.1)
     pb = _pb(4, 8, 2, mem=0.25, copy=2.0)  # adaoffload (50.5) beats every list rule left (96)
     res = solve(pb, backend="heuristic", time_limit=30, workers=1)
     assert calls.count("adaoffload") >= 2  # stopped, then tried again (more on a busy machine)

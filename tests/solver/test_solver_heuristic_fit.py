@@ -8,12 +8,12 @@ from bench_problems import bench_problem, one_lane
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.solver.heuristics import (
     ListRule,
-    _fitted_depths,
     default_rules,
     no_offload_fits,
     run_rule,
     slow_copies,
 )
+from optpipe_lightning.solver.list_rules import fitted_depths
 
 
 def _vshape(p: int, m: int, mem_frac: float, copy: float) -> Problem:
@@ -41,7 +41,7 @@ def test_fitted_depths_fit_the_limit_and_keep_the_1f1b_shape() -> None:
     G = 16
     groups_of = [[pb.group_of(s, c) for c in range(2)] for s in range(8)]
     m_f = pb.cost("m_f").tolist()
-    depth = _fitted_depths(pb, groups_of, pb.memory_limits(), m_f)
+    depth = fitted_depths(pb, groups_of, pb.memory_limits(), m_f)
     for gs in groups_of:
         need = sum(depth[g] * 0.5 for g in gs)
         assert need == pytest.approx(4.0)  # scaled down to the limit exactly
@@ -50,7 +50,7 @@ def test_fitted_depths_fit_the_limit_and_keep_the_1f1b_shape() -> None:
         assert depth[a] / depth[b] == pytest.approx((G - a) / (G - b))
     # a limit that 1F1B's depths already fit leaves them alone
     roomy = pb.with_changes(memory_limit=100.0)
-    assert _fitted_depths(roomy, groups_of, roomy.memory_limits(), m_f) == [
+    assert fitted_depths(roomy, groups_of, roomy.memory_limits(), m_f) == [
         float(G - g) for g in range(G)
     ]
 

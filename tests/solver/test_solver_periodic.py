@@ -14,8 +14,8 @@ from solver_budget import UNBOUNDED_SECONDS
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.lanes import lane_of
 from optpipe_lightning.solver import periodic, solve
+from optpipe_lightning.solver.backend import schedule_from_ticks
 from optpipe_lightning.solver.heuristics import heuristic_schedules
-from optpipe_lightning.solver.solve import schedule_from_ticks
 from optpipe_lightning.solver.ticks import OpKey, TickModel, tick_model
 
 solve_module = importlib.import_module("optpipe_lightning.solver.solve")

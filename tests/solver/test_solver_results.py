@@ -15,7 +15,7 @@ from optpipe_lightning.solver import (
     lower_bound,
     solve,
 )
-from optpipe_lightning.solver.solve import _baselines
+from optpipe_lightning.solver.candidates import baseline_schedules
 
 # what a solve reaches is asserted on CP-SAT's deterministic time, never the wall clock
 pytestmark = pytest.mark.usefixtures("deterministic_cpsat")
@@ -107,7 +107,7 @@ def test_result_is_the_simulators_and_incumbents_improve() -> None:
 )
 def test_never_slower_than_any_feasible_baseline_or_heuristic(pb: Problem) -> None:
     res = solve(pb, time_limit=UNBOUNDED_SECONDS, workers=1, seed=0, deterministic_time=1.0)
-    others = [s for _, s in _baselines(pb)] + heuristic_schedules(pb)
+    others = [s for _, s in baseline_schedules(pb)] + heuristic_schedules(pb)
     feasible = [s.evaluation.makespan for s in others if s.evaluation and s.evaluation.feasible]
     assert feasible, "at least the heuristics give a schedule"
     assert res.makespan <= min(feasible) + 1e-9
