@@ -93,7 +93,7 @@ def problem_command(
     docs/formats.md and optpipe_lightning/schedule/model_estimate.py for every formula and
     device constant.
     """
-    from .cli import user_errors
+    from .cli_inputs import user_errors
 
     with user_errors():
         limit = _parse_bytes(memory_limit)

@@ -37,12 +37,12 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("work started on a problem that should have been refused")
 
-    import optpipe_lightning.cli as cli_mod
     import optpipe_lightning.schedule.baselines as baselines
+    import optpipe_lightning.schedule_commands as commands
 
     monkeypatch.setattr(baselines, "generate", boom)
-    monkeypatch.setattr(cli_mod, "lower_bound", boom)
-    monkeypatch.setattr(cli_mod, "simulate", boom)
+    monkeypatch.setattr(commands, "lower_bound", boom)
+    monkeypatch.setattr(commands, "simulate", boom)
     monkeypatch.setattr(solver_pkg, "solve", boom)
 
 

@@ -7,9 +7,11 @@ module named for it:
   process, then Lightning's own launcher;
 - ``process_groups.py``: one pipeline group per data-parallel replica, one data-parallel group
   per stage, and the collectives over them;
-- ``scheduling.py``: the engine and the schedule it runs (profiling, ``profiler.py``;
-  re-balancing, ``repartition.py``; calibration, ``calibration.py``; online re-solve,
-  ``resolve.py``; the database, ``run_log.py``);
+- ``scheduling.py``: the engine and the schedule it runs (its problem, ``pipeline_problem.py``;
+  the choice, ``schedule_choice.py``; profiling, ``profiler.py``; re-balancing,
+  ``repartition.py``; calibration, ``calibration.py``; online re-solve, ``resolve.py``; step
+  times, ``step_times.py``; the database, ``step_records.py`` and ``run_log.py``; validation's
+  pipelines, ``forward_pipelines.py``);
 - ``module_steps.py``: the module's own steps around the pipeline (the pipeline answers its
   forward; logs and outputs shared by the last stage); ``microbatch.py``: batches into
   microbatches and back;

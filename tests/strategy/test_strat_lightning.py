@@ -315,10 +315,10 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy import profiler, resolve, scheduling
+    from optpipe_lightning.strategy import profiler, resolve, schedule_choice
 
     # start from GPipe so the solver has something to improve on (forked workers inherit this)
-    monkeypatch.setattr(scheduling, "best_baseline", lambda pb: generate("gpipe", pb))
+    monkeypatch.setattr(schedule_choice, "best_baseline", lambda pb: generate("gpipe", pb))
     # price a fused backward as B + W: whether a measured fused backward happens to be cheaper
     # on this machine must not decide whether the solver's schedule beats GPipe here
     real_build = profiler.build_profile

@@ -266,7 +266,7 @@ def test_the_prediction_covers_the_whole_optimizer_step(monkeypatch: pytest.Monk
         sch.at_boundary(nn.Linear(1, 1), [])
         # the running schedule's makespan plus the measured time outside the pipeline
         assert sch.predicted_step == pytest.approx(0.25)
-    assert list(sch._walls) == pytest.approx([0.25] * 5)
+    assert list(sch.times.walls) == pytest.approx([0.25] * 5)
 
 
 # ---- the run log across switches ---------------------------------------------------------------
