@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import SimResult, simulate
+from ..units import format_bytes
 from . import NotApplicable, make_schedule
 from ._deadline import check_deadline
 from ._gis_order import Plan, Rows, gis_order, group_sizes, min_group_size, planning_times
@@ -167,7 +168,7 @@ def pipeoffload(problem: Problem) -> Schedule:
         lim = min(x for x in problem.memory_limits() if x is not None)
         detail = "; ".join(dict.fromkeys(reasons))
         raise NotApplicable(
-            f"no PipeOffload schedule fits the memory limit {lim:.4g}"
+            f"no PipeOffload schedule fits the memory limit {format_bytes(lim)}"
             + (" even offloading every chunk" if problem.offload is not None else "")
             + (f" ({detail[:200]})" if detail else "")
         )
