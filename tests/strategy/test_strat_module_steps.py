@@ -8,6 +8,7 @@ in the user's process after ``fit`` equal a one-device run of the same module (f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,6 @@ def test_two_nodes_through_torchrun_train_as_one_device(
     script = Path(__file__).with_name("two_node_train.py")
     port = free_port()
     out = tmp_path / "two_nodes.pt"
-    os = __import__("os")
     # the checkout first on the path: the nodes import this tree even where the installed
     # package points elsewhere
     root = str(Path(__file__).resolve().parents[2])
