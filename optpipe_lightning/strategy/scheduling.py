@@ -108,6 +108,9 @@ class Scheduler:
         self.notify = notify
         self.num_chunks, self.placement = options.chunks
         self.engine: PipelineEngine | None = None
+        # the activations' dtype where it is not the parameters' (mixed precision: the
+        # strategy sets it; the fingerprint names it, so a profile of another dtype is not used)
+        self.activation_dtype: Callable[[str], str] = str
         self.forward = ForwardPipelines(spec, comm, device)  # validation, test, predict
         self.phase = "new"  # new -> profiling -> run
         self.optimizer_steps = 0
@@ -211,6 +214,9 @@ class Scheduler:
             self.comm.num_stages,
             self.num_chunks,
             self.partition,
+        )
+        self._model_fp = self._model_fp.model_copy(
+            update={"dtype": self.activation_dtype(self._model_fp.dtype)}
         )
         self.records.open(o)
         stored_json = self._stored_profile()
