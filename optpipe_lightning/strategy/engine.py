@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import Problem, Schedule, simulate
+from .boundary import SendableChain
 from .contract import LayerChain
 from .offload import OffloadManager, StageWaits, execution_waits
 from .op_memory import CudaAllocator, OpMemoryWatch
@@ -119,7 +120,12 @@ def _local_chains(
     """This rank's layer groups (one per chunk) and their layers, moved to ``device``."""
     bounds = group_bounds(partition)
     groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
-    chains = [LayerChain(list(layers[bounds[g][0] : bounds[g][1]])).to(device) for g in groups]
+    last = problem.num_virtual_stages - 1
+    # what crosses a boundary is made sendable (boundary.py); the last group's output is not sent
+    chains: list[LayerChain] = [
+        SendableChain(list(layers[bounds[g][0] : bounds[g][1]]), send_output=g != last).to(device)
+        for g in groups
+    ]
     return groups, chains
 
 

@@ -48,6 +48,7 @@ from .partition import PartitionError, chunked_partition, stage_layers
 from .pipeline_problem import (
     chunking,
     memory_limit,
+    one_sample_layer,
     profiled_problem,
     run_config,
     shape_problem,
@@ -160,7 +161,8 @@ class Scheduler:
     def training_microbatches(self, batch_size: int) -> int:
         """The training microbatch count for this batch size (``"auto"``: chosen here)."""
         p = self.comm.num_stages
-        return training_microbatches(self.options, p, batch_size, self.shape_problem)
+        refused = one_sample_layer(self.spec.layers, self.module)
+        return training_microbatches(self.options, p, batch_size, self.shape_problem, refused)
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``pipeline_problem.memory_limit``)."""
