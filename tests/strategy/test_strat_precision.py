@@ -227,3 +227,60 @@ def test_activation_dtype_names_autocast() -> None:
     assert activation_dtype(Plugin(), "float32") == "float32+bfloat16-autocast"
     Plugin.precision = "32-true"
     assert activation_dtype(Plugin(), "float32") == "float32"
+
+
+class ReplicaModel(Model):
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(9)
+        ds = TensorDataset(
+            torch.randn(4 * BATCH, DIM, generator=g) * 3, torch.randn(4 * BATCH, 2, generator=g)
+        )
+        return DataLoader(ds, batch_size=BATCH)
+
+
+@pytest.mark.dist
+def test_norm_clipping_over_stages_and_replicas(tmp_path: Path) -> None:
+    """2 stages x 2 replicas, 2 batches accumulated: each optimizer step takes the whole
+    dataset (32 samples), clipped by the norm over all stages of the replica-averaged gradient,
+    as one device clips the whole dataset's gradient."""
+    model = ReplicaModel()
+    opt = model.configure_optimizers()
+    x, y = ReplicaModel().train_dataloader().dataset.tensors
+    norms = []
+    for _ in range(2):  # 2 epochs = 2 optimizer steps
+        opt.zero_grad()
+        _loss(model(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
+        opt.step()
+    assert min(norms) > 0.05  # the clipping acts
+    ref = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    strategy = OptPipeStrategy(
+        num_stages=2,
+        data_parallel=2,
+        num_microbatches=M,
+        schedule="zb-h1",
+        start_method="fork",
+        online_resolve=False,
+        use_database=False,
+        profile_steps=0,
+        repartition=False,
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=4,
+        strategy=strategy,
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.05,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Recorder(str(tmp_path))],
+    )
+    trainer.fit(ReplicaModel())
+    state = torch.load(tmp_path / "final.ckpt", weights_only=False)["state_dict"]
+    for k, v in ref.items():
+        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0)
