@@ -88,6 +88,23 @@ def release_finished_world() -> None:
     gc.collect()
 
 
+def take_returned_tensors(module: Any, state_dict: Any, *args: Any) -> None:
+    """Before a state loads into a module whose tensors are on the meta device (built by
+    ``configure_model``), the tensors it brings get storage (on the CPU): the layers rank 0
+    returns to the launching process land there instead of being dropped."""
+    import torch
+
+    from .materialize import META
+
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        value = state_dict.get(name)
+        if t.is_meta and isinstance(value, torch.Tensor) and value.device != META:
+            new = torch.empty_like(t, device="cpu")
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            torch.utils.swap_tensors(t, new)
+
+
 class CheckingLauncher(_Launcher):
     """Checks the model contract and sizes in the launching process, then launches."""
 
@@ -122,11 +139,19 @@ class CheckingLauncher(_Launcher):
             release_finished_world()
         if self.start_method != "popen":  # rank 0 hosts the rendezvous store on this machine
             free_main_port(self.strategy.cluster_environment)
-        if self.start_method == "fork":
-            # the forked ranks must never collect this process's objects (``fork_safety``)
-            with inherited_objects_frozen():
-                return self.inner.launch(function, *args, trainer=trainer, **kwargs)
-        return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+        hook = None
+        if self.start_method != "popen" and isinstance(model, pl.LightningModule):
+            # a sharded model: this process's module takes what rank 0 returns (its layers)
+            hook = model.register_load_state_dict_pre_hook(take_returned_tensors)
+        try:
+            if self.start_method == "fork":
+                # the forked ranks must never collect this process's objects (``fork_safety``)
+                with inherited_objects_frozen():
+                    return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+            return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def kill(self, signum: Any) -> None:  # pragma: no cover - signal path
         kill = getattr(self.inner, "kill", None)

@@ -16,7 +16,9 @@ module named for it:
   forward; logs and outputs shared by the last stage); ``microbatch.py``: batches into
   microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
-  clipping); ``checkpoint.py``: the whole model and optimizer state, collected.
+  clipping); ``checkpoint.py``: the whole model and optimizer state, collected;
+- ``materialize.py``: a module built on the meta device (``configure_model``), each rank
+  materialising only its own layers; ``sharded_checkpoint.py``: one DCP shard per rank.
 
 The strategy owns forward and backward: ``training_step`` runs one pipelined step (the module's
 own ``training_step`` per microbatch on the last stage) and returns the batch's mean loss,
@@ -29,10 +31,13 @@ accumulated gradient exactly the single-device one; data-parallel replicas avera
 from __future__ import annotations
 
 import logging
+import shutil
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -60,6 +65,14 @@ from .contract import ContractError, PipelineSpec, get_spec
 from .fork_safety import set_cpu_threads
 from .host_allocator import tune_host_allocator
 from .launcher import CheckingLauncher
+from .materialize import (
+    allocate,
+    build_on_meta,
+    drop_layers,
+    has_meta_tensors,
+    layer_owners,
+    materialise,
+)
 from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .options import (
     MemoryLimit,
@@ -72,6 +85,12 @@ from .partition import balanced_partition, validate_partition
 from .process_groups import PipelineComm, make_groups
 from .run_log import prefetch_database
 from .scheduling import Scheduler
+from .sharded_checkpoint import (
+    is_sharded,
+    load_sharded,
+    local_optimizer_state,
+    save_sharded,
+)
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
 __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
@@ -132,6 +151,14 @@ class OptPipeStrategy(ParallelStrategy):
             another allocator is preloaded.
         calibrate_budget: share of the training time calibrations may take (a calibration
             waits until its cost is that share of the steps since the last); None: no limit.
+        shard_model: each rank holds only its own layers (the others' tensors are dropped
+            after setup); ``"auto"``: when the module builds its layers in ``configure_model``
+            (on the meta device, then materialised per rank; see ``materialize.py``).
+        checkpoint_format: ``"sharded"`` (a directory, one DCP shard per rank, resumable on
+            another partition or stage count), ``"full"`` (one file, the whole model collected:
+            for small models) or ``"auto"`` (sharded when the model is).
+        full_model_after_fit: after ``fit``, every rank's module takes the whole trained model
+            (collected from all stages); ``None``: only when the model is not sharded.
     """
 
     strategy_name = "optpipe"
@@ -169,6 +196,9 @@ class OptPipeStrategy(ParallelStrategy):
         calibrate_min_steps: int = 8,
         tune_host_allocator: bool = True,
         calibrate_budget: float | None = 0.005,
+        shard_model: bool | Literal["auto"] = "auto",
+        checkpoint_format: Literal["auto", "sharded", "full"] = "auto",
+        full_model_after_fit: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -202,6 +232,15 @@ class OptPipeStrategy(ParallelStrategy):
             tune_host_allocator=tune_host_allocator,
             calibrate_budget=calibrate_budget,
         )
+        if checkpoint_format not in ("auto", "sharded", "full"):
+            raise OptPipeConfigError(
+                f"checkpoint_format={checkpoint_format!r}: use 'auto', 'sharded' or 'full'"
+            )
+        self.shard_model_option = shard_model
+        self.checkpoint_format = checkpoint_format
+        self.full_model_after_fit = full_model_after_fit
+        self.sharded = False  # this run holds only its own layers (decided in ``setup``)
+        self._loaded_in_place = False  # the last checkpoint loaded went straight into the model
         self._start_method = start_method
         self._process_group_backend = process_group_backend
         self._timeout = timeout
@@ -299,6 +338,7 @@ class OptPipeStrategy(ParallelStrategy):
 
     def precheck_model(self, model: Any, fitting: bool = False) -> PipelineSpec:
         """The model contract and the layer count, checked in the launching process."""
+        build_on_meta(model)  # layers made in configure_model exist (on the meta device)
         spec = get_spec(model)
         check_layers(self.options, len(spec.layers), self.num_stages)
         name = type(model).__name__
@@ -324,6 +364,7 @@ class OptPipeStrategy(ParallelStrategy):
 
     def connect(self, model: pl.LightningModule) -> None:
         """A module without its own steps gets the ones its ``PipelineSpec.loss_fn`` makes."""
+        build_on_meta(model)
         spec = get_spec(model)
         self._installed = []
         if spec.loss_fn is not None:
@@ -371,12 +412,14 @@ class OptPipeStrategy(ParallelStrategy):
         self._status = None
         self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
         requested = self.options.num_microbatches
+        partition = self._partition(self.spec)
+        self._own_layers(self.lightning_module, self.spec, partition)
         self.scheduler = Scheduler(
             self.options,
             self.spec,
             self.comm,
             self.root_device,
-            self._partition(self.spec),
+            partition,
             requested if isinstance(requested, int) else None,
             model_name=type(self.lightning_module).__name__,
             backend=self._process_group_backend or "gloo",
@@ -384,6 +427,7 @@ class OptPipeStrategy(ParallelStrategy):
             module=self.lightning_module,
             optimizers=lambda: self.optimizers,
         )
+        self.scheduler.sharded = self.sharded
         if self.options.data_parallel == 1:
             # every rank logs the last stage's values: one replica needs no sync_dist
             warnings.filterwarnings(
@@ -397,6 +441,38 @@ class OptPipeStrategy(ParallelStrategy):
         # norm clipping must see the norm over all stages, not this rank's share
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
         self.barrier()
+
+    def _own_layers(
+        self, module: pl.LightningModule, spec: PipelineSpec, partition: list[int]
+    ) -> None:
+        """A module built on the meta device gets its own layers materialised (the others
+        initialised and dropped, for one device's weights); a sharded module drops the others."""
+        meta = has_meta_tensors(module)
+        option = self.shard_model_option
+        self.sharded = meta if option == "auto" else bool(option)
+        if not (meta or self.sharded):
+            return
+        assert self.comm is not None
+        v, placement = self.options.chunks
+        owners = layer_owners(len(spec.layers), partition, self.num_stages, v, placement)
+        keep = {i for i, o in enumerate(owners) if o == self.comm.pp_rank}
+        if not self.sharded:
+            keep = set(range(len(spec.layers)))  # asked to hold the whole model
+        if meta:
+            materialise(module, spec.layers, keep, self.root_device)
+        drop_layers(spec.layers, keep)
+
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        """``configure_model`` (and ``trainer.init_module()``) build on the meta device; each
+        rank materialises its own layers in ``setup`` (``init_module(empty_init=False)``
+        builds real tensors)."""
+        if empty_init is False:
+            with super().tensor_init_context(empty_init):
+                yield
+            return
+        with torch.device("meta"), self.precision_plugin.tensor_init_context():
+            yield
 
     def _partition(self, spec: PipelineSpec) -> list[int]:
         """The user's partition, or layer groups balanced by layer costs / parameter counts."""
@@ -476,9 +552,16 @@ class OptPipeStrategy(ParallelStrategy):
 
     def on_train_end(self) -> None:
         """Every rank's module takes the whole trained model (each layer from its stage): the
-        module left in the user's process after ``fit`` is the trained one, for every launcher."""
+        module left in the user's process after ``fit`` is the trained one, for every launcher.
+        A sharded model keeps each rank's own layers only, unless ``full_model_after_fit``."""
         module, sched, _ = self._parts()
-        if sched.engine is not None:
+        whole = self.full_model_after_fit
+        if whole is None:
+            whole = not self.sharded
+        if sched.engine is not None and whole:
+            if self.sharded:
+                for m in module.modules():  # room for the layers collected from other ranks
+                    allocate(m, self.root_device)
             module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
 
     def on_validation_end(self) -> None:
@@ -532,19 +615,116 @@ class OptPipeStrategy(ParallelStrategy):
 
     # ---- checkpoints -------------------------------------------------------------------------
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        if self.checkpoint_format == "auto":
+            return self.sharded
+        return self.checkpoint_format == "sharded"
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        """Checkpoints load into the layers ``setup`` materialised on each rank."""
+        return True
+
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The full model, every layer from the rank that trains it (collected on every rank)."""
+        """The full model, every layer from the rank that trains it (collected on every rank);
+        sharded checkpoints: this rank's own tensors only."""
         assert self.lightning_module is not None
+        if self.sharded_checkpoints:
+            return {
+                k: v
+                for k, v in self.lightning_module.state_dict().items()
+                if not (isinstance(v, Tensor) and v.is_meta)
+            }
         engine = self.scheduler.engine if self.scheduler is not None else None
         return full_state_dict(self.lightning_module, engine, self.comm)
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer state of all stages merged (parameter indices agree on every rank)."""
+        """The optimizer state of all stages merged (parameter indices agree on every rank);
+        sharded checkpoints: this rank's share, by parameter name."""
+        if self.sharded_checkpoints:
+            assert self.lightning_module is not None
+            return local_optimizer_state(optimizer, self.lightning_module)
         engine = self.scheduler.engine if self.scheduler is not None else None
         return merged_optimizer_state(optimizer, engine, self.comm)
 
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Sharded: a directory, one DCP shard per rank (every rank writes); full: one file
+        (global rank 0). Both record the schedule, partition and chunking under ``optpipe``."""
+        checkpoint["optpipe"] = self._layout()
+        if not self.sharded_checkpoints:
+            if Path(filepath).is_dir() and self.is_global_zero:
+                shutil.rmtree(filepath)  # a sharded checkpoint there before
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError("OptPipeStrategy's sharded checkpoints take no storage_options")
+        path = Path(self.broadcast(str(filepath)))
+        if self.is_global_zero:
+            if path.is_file():
+                path.unlink()
+            path.mkdir(parents=True, exist_ok=True)
+        self.barrier()
+        save_sharded(checkpoint, path, self.is_global_zero)
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+        """A sharded checkpoint loads straight into this rank's layers and optimizer state
+        (by name: any partition, schedule or stage count wrote it); a file, as usual."""
+        self._loaded_in_place = False
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not path.is_dir():
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        if not is_sharded(path):
+            raise OptPipeConfigError(
+                f"checkpoint {path} is a directory without a sharded checkpoint's .metadata and "
+                "meta.pt: give the directory trainer.save_checkpoint wrote, or a .ckpt file"
+            )
+        module = self.lightning_module
+        assert module is not None
+        trainer = module.trainer
+        optimizers = self.optimizers if trainer.state.fn == "fit" else []
+        meta = load_sharded(
+            path, module, optimizers, self.root_device, strict=module.strict_loading
+        )
+        self._loaded_in_place = True
+        meta["state_dict"] = {}
+        meta.setdefault("optimizer_states", [{} for _ in optimizers])
+        return meta
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        if self._loaded_in_place:
+            return
+        assert self.lightning_module is not None
+        state = checkpoint["state_dict"]
+        if self.sharded:  # a whole-model file: each rank takes its own tensors
+            own = self.lightning_module.state_dict()
+            state = {k: v for k, v in state.items() if not (k in own and own[k].is_meta)}
+            self.lightning_module.load_state_dict(state, strict=False)
+            return
+        self.lightning_module.load_state_dict(state, strict=strict)
+
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        if self._loaded_in_place:
+            return
         load_optimizer_states(self.optimizers, checkpoint["optimizer_states"], self.root_device)
+
+    def _layout(self) -> dict[str, Any]:
+        """The schedule, partition and chunking of this run (informative: a checkpoint resumes
+        on any)."""
+        sched = self.scheduler
+        engine = sched.engine if sched is not None else None
+        return {
+            "num_stages": self.num_stages,
+            "data_parallel": self.options.data_parallel,
+            "partition": None if sched is None else list(sched.partition),
+            "num_chunks": None if sched is None else sched.num_chunks,
+            "placement": None if sched is None else sched.placement,
+            "schedule": None if engine is None else engine.schedule.generator,
+            "sharded": self.sharded_checkpoints,
+        }
 
     # ---- the end ----------------------------------------------------------------------------
 
@@ -561,6 +741,18 @@ class OptPipeStrategy(ParallelStrategy):
             if module is not None:
                 module.__dict__.pop(hook, None)
         self._installed = []
+        if module is not None and has_meta_tensors(module):
+            # Lightning moves the module to the CPU; dropped (meta) tensors stay where they are
+            for m in module.modules():
+                for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+                    if not t.is_meta and t.device.type != "cpu":
+                        torch.utils.swap_tensors(t, type(t)(t.detach().cpu()))
+            module.cpu = lambda: module  # type: ignore[method-assign]
+            try:
+                super().teardown()
+            finally:
+                del module.cpu
+            return
         super().teardown()
 
 
