@@ -215,3 +215,22 @@ def test_layers_change_ranks_with_their_optimizer_state_when_the_chunking_change
     assert out[0]["held_at_end"] != out[0]["own_bytes"]  # rank 0's layers did change
     whole = consolidate(tmp_path / "v" / "final.ckpt")
     _assert_state(whole["state_dict"], ref_state)
+
+
+@pytest.mark.dist
+def test_four_stages_and_two_replicas_start_from_one_devices_weights(tmp_path: Path) -> None:
+    """4 stages, and 2 stages x 2 replicas: every rank's layers start as one device's (the
+    probe compares them after setup); replicas write their stage once (DCP keeps one copy)."""
+    ref_losses, ref_state = reference(2)
+    total = sum(v.numel() * v.element_size() for v in ref_state.values())
+    four = fit(tmp_path / "four", 4, 1, num_stages=4, schedule="1f1b")
+    assert sorted(i for r in four for i in r["own"]) == list(range(N_LAYERS))
+    assert sum(r["own_bytes"] for r in four) == total
+    replicas = fit(tmp_path / "dp", 4, 2, num_stages=2, data_parallel=2, schedule="1f1b")
+    for r in replicas:
+        assert r["held_after_setup"] == r["own_bytes"] < total
+    # ranks r*p + s are stage s of replica r: the two replicas hold the same layers
+    assert replicas[0]["own"] == replicas[2]["own"] and replicas[1]["own"] == replicas[3]["own"]
+    for r in replicas:  # each replica trains on half the batch; their mean is one device's
+        assert r["losses"] == pytest.approx(ref_losses, abs=1e-5)
+    _assert_state(consolidate(tmp_path / "dp" / "final.ckpt")["state_dict"], ref_state)
