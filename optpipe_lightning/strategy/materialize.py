@@ -86,37 +86,19 @@ def materialise(
     runs; a module that defines ``init_weights()`` runs it after its children. Real (non-meta)
     tensors of dropped layers are dropped too: afterwards the rank holds only its own layers and
     the tensors outside every layer."""
-    layer_of: dict[int, int] = {}
-    for i, layer in enumerate(layers):
-        for sub in layer.modules():
-            layer_of.setdefault(id(sub), i)
     roots = {id(layer): i for i, layer in enumerate(layers)}
-    for name, m in module.named_modules():
-        spans = id(m) not in layer_of and any(id(s) in layer_of for s in m.modules())
-        if m is not module and spans and callable(getattr(m, "init_weights", None)):
-            raise MaterializeError(
-                f"{name} ({type(m).__name__}).init_weights() initialises several pipeline "
-                "layers at once, so a rank would hold them all: give each layer its own "
-                "init_weights() or reset_parameters() (see docs/strategy.md)"
-            )
+    check_materialisable(module, layers)
     seen: set[int] = set()
 
-    def visit(m: nn.Module, name: str, covered: bool) -> None:
+    def visit(m: nn.Module) -> None:
         seen.add(id(m))
         init = getattr(m, "init_weights", None) if m is not module else None
         init = init if callable(init) and has_meta_tensors(m) else None
-        for child_name, child in m.named_children():
+        for child in m.children():
             if id(child) not in seen:
-                visit(child, f"{name}.{child_name}" if name else child_name, covered or bool(init))
+                visit(child)
         if any(t.is_meta for _, t in _named_tensors(m)):
             reset = getattr(m, "reset_parameters", None)
-            if not callable(reset) and not (covered or init):
-                names = [n for n, t in _named_tensors(m) if t.is_meta]
-                raise MaterializeError(
-                    f"{name or type(m).__name__} ({type(m).__name__}) holds {names} built on "
-                    "the meta device (configure_model) but has no reset_parameters() or "
-                    "init_weights() to initialise them: define one (see docs/strategy.md)"
-                )
             allocate(m, device)
             if callable(reset):
                 with torch.no_grad():
@@ -129,6 +111,40 @@ def materialise(
         if id(m) in roots and roots[id(m)] not in keep:
             for s in m.modules():
                 _drop(s)
+
+    visit(module)
+
+
+def check_materialisable(module: nn.Module, layers: Sequence[nn.Module]) -> None:
+    """Every meta tensor of ``module`` has an init that ``materialise`` can run, and no
+    ``init_weights()`` spans several layers; ``MaterializeError`` (one line) otherwise. Allocates
+    nothing: the launching process runs it before any rank starts."""
+    in_layer = {id(sub) for layer in layers for sub in layer.modules()}
+    for name, m in module.named_modules():
+        spans = id(m) not in in_layer and any(id(s) in in_layer for s in m.modules())
+        init = getattr(m, "init_weights", None)
+        if m is not module and spans and callable(init) and has_meta_tensors(m):
+            raise MaterializeError(
+                f"{name} ({type(m).__name__}).init_weights() initialises several pipeline "
+                "layers at once, so a rank would hold them all: give each layer its own "
+                "init_weights() or reset_parameters() (see docs/strategy.md)"
+            )
+    seen: set[int] = set()
+
+    def visit(m: nn.Module, name: str, covered: bool) -> None:
+        seen.add(id(m))
+        init = getattr(m, "init_weights", None) if m is not module else None
+        covered = covered or callable(init)
+        for child_name, child in m.named_children():
+            if id(child) not in seen:
+                visit(child, f"{name}.{child_name}" if name else child_name, covered)
+        meta = [n for n, t in _named_tensors(m) if t.is_meta]
+        if meta and not covered and not callable(getattr(m, "reset_parameters", None)):
+            raise MaterializeError(
+                f"{name or type(m).__name__} ({type(m).__name__}) holds {meta} built on the "
+                "meta device (configure_model) but has no reset_parameters() or "
+                "init_weights() to initialise them: define one (see docs/strategy.md)"
+            )
 
     visit(module, "", False)
 

@@ -68,6 +68,7 @@ from .launcher import CheckingLauncher
 from .materialize import (
     allocate,
     build_on_meta,
+    check_materialisable,
     drop_layers,
     has_meta_tensors,
     layer_owners,
@@ -341,6 +342,8 @@ class OptPipeStrategy(ParallelStrategy):
         build_on_meta(model)  # layers made in configure_model exist (on the meta device)
         spec = get_spec(model)
         check_layers(self.options, len(spec.layers), self.num_stages)
+        if has_meta_tensors(model):
+            check_materialisable(model, spec.layers)
         name = type(model).__name__
         if not getattr(model, "automatic_optimization", True):
             raise OptPipeConfigError(

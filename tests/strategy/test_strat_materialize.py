@@ -82,5 +82,21 @@ def test_init_weights_over_several_layers_is_one_clear_error() -> None:
     with torch.device("meta"):
         root = nn.Sequential(Spanning())
     inner = root[0]
+    assert isinstance(inner, Spanning)
     with pytest.raises(MaterializeError, match="several pipeline layers"):
         materialise(root, [inner.a, inner.b], {0}, torch.device("cpu"))
+
+
+class NoInitModel(BigLM):
+    def configure_model(self) -> None:
+        if self.blocks is None:
+            self.blocks = nn.ModuleList([nn.Linear(2, 2), NoInit()])
+
+
+def test_the_launching_process_refuses_a_module_it_cannot_materialise() -> None:
+    """Before any rank starts (the launcher's check): one error naming the module and the fix."""
+    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+
+    strategy = OptPipeStrategy(num_stages=2, num_microbatches=2, start_method="fork")
+    with pytest.raises(MaterializeError, match=r"blocks\.1 \(NoInit\) holds \['w'\]"):
+        strategy.precheck_model(NoInitModel(), fitting=True)
