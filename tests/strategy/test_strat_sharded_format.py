@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,12 +19,14 @@ from optpipe_lightning.strategy.sharded_checkpoint import (
 )
 
 
-def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
+def _trained() -> tuple[nn.Sequential, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-    opt = torch.optim.Adam(
-        [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters()}], lr=0.01
-    )
+    groups: list[dict[str, Any]] = [
+        {"params": list(model[0].parameters()), "lr": 0.1},
+        {"params": list(model[2].parameters())},
+    ]
+    opt = torch.optim.Adam(groups, lr=0.01)
     for _ in range(2):
         opt.zero_grad()
         model(torch.randn(5, 3)).pow(2).mean().backward()
@@ -72,8 +75,10 @@ def test_load_by_name_into_another_model_and_its_errors(tmp_path: Path) -> None:
     for k, v in model.state_dict().items():
         torch.testing.assert_close(other.state_dict()[k], v, rtol=0, atol=0)
     assert other_opt.param_groups[0]["lr"] == 0.1  # the saved hyperparameters
+    head, trained_head = other[2], model[2]
+    assert isinstance(head, nn.Linear) and isinstance(trained_head, nn.Linear)
     torch.testing.assert_close(
-        other_opt.state[other[2].weight]["exp_avg"], opt.state[model[2].weight]["exp_avg"]
+        other_opt.state[head.weight]["exp_avg"], opt.state[trained_head.weight]["exp_avg"]
     )
     bigger = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2), nn.Linear(2, 2))
     with pytest.raises(ShardedCheckpointError, match=r"has no \['3.weight', '3.bias'\]"):
