@@ -89,13 +89,22 @@ def release_finished_world() -> None:
 
 
 def take_returned_tensors(module: Any, state_dict: Any, *args: Any) -> None:
-    """Before a state loads into a module whose tensors are on the meta device (built by
-    ``configure_model``), the tensors it brings get storage (on the CPU): the layers rank 0
-    returns to the launching process land there instead of being dropped."""
+    """Before rank 0's state loads into the launching process's module: tensors rank 0 dropped
+    (another rank's layers) are dropped here too (no stale copy stays), and where this module's tensors are on the meta device (built by
+    ``configure_model``) the tensors rank 0 brings get storage (on the CPU) and land there."""
     import torch
 
     from .materialize import META
 
+    dropped = {k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and v.is_meta}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name in dropped and not t.is_meta:  # trained elsewhere: no stale copy stays here
+            swap = torch.empty_like(t, device=META)
+            if isinstance(t, torch.nn.Parameter):
+                swap = torch.nn.Parameter(swap, requires_grad=t.requires_grad)
+            torch.utils.swap_tensors(t, swap)
+    for name in dropped:
+        del state_dict[name]
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
         value = state_dict.get(name)
         if t.is_meta and isinstance(value, torch.Tensor) and value.device != META:

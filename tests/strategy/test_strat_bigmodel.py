@@ -234,3 +234,31 @@ def test_four_stages_and_two_replicas_start_from_one_devices_weights(tmp_path: P
     for r in replicas:  # each replica trains on half the batch; their mean is one device's
         assert r["losses"] == pytest.approx(ref_losses, abs=1e-5)
     _assert_state(consolidate(tmp_path / "dp" / "final.ckpt")["state_dict"], ref_state)
+
+
+class BuiltInInit(BigLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.configure_model()  # real tensors, as a module written for one device makes them
+
+
+@pytest.mark.dist
+def test_a_module_built_in_init_keeps_only_its_layers_when_asked(tmp_path: Path) -> None:
+    ref_losses, ref_state = reference(2)
+    tmp_path.mkdir(exist_ok=True)
+    pl.seed_everything(SEED, verbose=False)
+    trainer = _trainer(
+        2, 2, [Probe(tmp_path, None)], num_stages=2, schedule="1f1b", shard_model=True
+    )
+    model = BuiltInInit()
+    trainer.fit(model)
+    held = {k for k, v in model.state_dict().items() if not v.is_meta}
+    info0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert held == {k for k in ref_state if int(k.split(".")[1]) in info0["own"]}  # rank 0's
+    for k in held:
+        torch.testing.assert_close(model.state_dict()[k], ref_state[k], atol=1e-5, rtol=0)
+    total = sum(v.numel() * v.element_size() for v in ref_state.values())
+    for r in range(2):
+        info = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert info["held_after_setup"] == info["own_bytes"] < total
+        assert info["losses"] == pytest.approx(ref_losses, abs=1e-5)
