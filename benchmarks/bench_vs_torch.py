@@ -66,7 +66,7 @@ TORCH_CLASSES = {
     "interleaved-zb": "ScheduleInterleavedZeroBubble",
 }
 OWN_NAMES = {"1f1b": "1f1b", "interleaved-1f1b": "interleaved-1f1b", "zbv": "zbv"}
-MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30  # what strategy/host_allocator.py sets
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30  # what strategy/runtime/host_allocator.py sets
 
 
 # ---- the model, the same on both sides ---------------------------------------------------------
@@ -276,10 +276,10 @@ def optpipe_child(args: argparse.Namespace) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    import optpipe_lightning.strategy.engine as engine_mod
+    import optpipe_lightning.strategy.runtime.engine as engine_mod
     from optpipe_lightning.strategy import PipelineSpec
-    from optpipe_lightning.strategy.scheduling import Scheduler
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
     timeline = {"start": process_start(), "imported": time.time()}
     keys = ("pipeline", "loss", "boundary", "optimizer")
@@ -461,8 +461,8 @@ def pair_child(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import schedules as sch
 
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy.engine import PipelineEngine
-    from optpipe_lightning.strategy.planner import initial_problem
+    from optpipe_lightning.strategy.planning.planner import initial_problem
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -40,8 +40,8 @@ from gpu_check_stage import (
 
 if TYPE_CHECKING:
     from optpipe_lightning.schedule import Action, Problem, Schedule
-    from optpipe_lightning.strategy.engine import PipelineEngine
-    from optpipe_lightning.strategy.op_memory import OpMemoryWatch
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.op_memory import OpMemoryWatch
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,8 @@ def stage_schedule(
     from optpipe_lightning.schedule import Problem, simulate
     from optpipe_lightning.schedule.baselines import make_schedule
     from optpipe_lightning.schedule.model_estimate import DEVICES
-    from optpipe_lightning.strategy.engine import PipelineEngine, ScheduleRejectedError
-    from optpipe_lightning.strategy.op_memory import CudaAllocator, OpMemoryWatch
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine, ScheduleRejectedError
+    from optpipe_lightning.strategy.runtime.op_memory import CudaAllocator, OpMemoryWatch
 
     cuda = device.type == "cuda"
     kind, _ = device_kind(device)
@@ -442,7 +442,7 @@ def executor_order_peak(problem: Problem, sim: Any) -> float:
     end, possibly inside an action. The executor may drop a copy earlier (``poll``, when the
     host sees it done: always on CPU, rarely on a GPU the host runs ahead of), so this is the
     GPU's worst case. A diagnostic beside the simulator's peak."""
-    from optpipe_lightning.strategy.offload import settle_points
+    from optpipe_lightning.strategy.runtime.offload import settle_points
 
     tl = sim.timeline
     row = tl.actions[0]

@@ -30,7 +30,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from optpipe_lightning.schedule import Action, Problem
-    from optpipe_lightning.strategy.op_memory import OpMemoryWatch
+    from optpipe_lightning.strategy.runtime.op_memory import OpMemoryWatch
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ def op_memory(watch: OpMemoryWatch) -> dict[str, Any]:
     strategy's profiler builds it (chunk 0 only runs F and fused BW: its BW frees what its F
     left)."""
     from optpipe_lightning.schedule.profile import OpMemory
-    from optpipe_lightning.strategy.op_memory import summarize
+    from optpipe_lightning.strategy.runtime.op_memory import summarize
 
     out: dict[str, Any] = {}
     stage = watch.chunk_samples(1)
@@ -325,7 +325,7 @@ def op_costs(
     """Section 3. Returns the measured costs per shape (for the stage section)."""
     from optpipe_lightning.schedule import Action
     from optpipe_lightning.schedule.baselines import make_schedule
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     kind, note = device_kind(device)
     res["device_kind"] = kind

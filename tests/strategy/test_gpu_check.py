@@ -13,7 +13,7 @@ import gpu_check_stage
 import pytest
 import torch
 
-from optpipe_lightning.strategy.op_memory import OpMemoryWatch
+from optpipe_lightning.strategy.runtime.op_memory import OpMemoryWatch
 
 RUN = ["--device", "cpu", "--sections", "copy_engines,overlap,op_costs,stage_schedule"]
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from optpipe_lightning.schedule import Action
 from optpipe_lightning.schedule.baselines import make_schedule
-from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
-from optpipe_lightning.strategy.offload import OffloadManager
+from optpipe_lightning.strategy.runtime.copy_engines import CudaCopyEngine
+from optpipe_lightning.strategy.runtime.offload import OffloadManager
 
 pytestmark = [
     pytest.mark.gpu,
@@ -158,7 +158,7 @@ def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
         process_group,
     )
 
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     dev = _dev()
     shape, n, m = LayerShape(512, 8, 256, 2), 2, 4

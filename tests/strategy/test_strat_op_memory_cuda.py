@@ -1,4 +1,4 @@
-"""The profiler's allocator watch on CUDA (``strategy/op_memory.py``): its windows, one per
+"""The profiler's allocator watch on CUDA (``strategy/runtime/op_memory.py``): its windows, one per
 action, tile a real step of the executor, and torch's split backward shows in them (F leaves at
 least what autograd saved, B keeps gradients for W, W frees).
 
@@ -31,7 +31,7 @@ def test_the_windows_tile_a_cuda_step_and_show_the_split_backward() -> None:
         process_group,
     )
 
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     dev = torch.device("cuda", torch.cuda.current_device())
     shape, n, m = LayerShape(512, 8, 256, 2), 2, 4
