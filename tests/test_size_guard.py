@@ -12,8 +12,7 @@ from bench_problems import bench_problem
 from typer.testing import CliRunner
 
 import optpipe_lightning.solver as solver_pkg
-from optpipe_lightning import size_guard
-from optpipe_lightning.cli import app
+from optpipe_lightning.cli import app, size_guard
 from optpipe_lightning.cli.size_guard import MAX_UNITS, check_size, min_time_limit
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines._deadline import check_deadline

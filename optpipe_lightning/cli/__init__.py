@@ -9,5 +9,6 @@ into one line; ``demo.py`` builds the demo database of ``optpipe inspect --demo`
 """
 
 from .app import app, main
+from .inputs import user_errors
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "user_errors"]

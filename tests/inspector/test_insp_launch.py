@@ -125,8 +125,7 @@ def test_an_older_schema_is_upgraded_before_the_read_only_server(
 def test_inspect_demo_builds_then_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from optpipe_lightning import demo
-    from optpipe_lightning.cli import app
+    from optpipe_lightning.cli import app, demo
 
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(demo, "build_demo_database", lambda url, **kw: calls.append(("build", url)))

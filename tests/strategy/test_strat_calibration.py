@@ -292,7 +292,7 @@ def test_host_allocator_is_tuned_unless_the_user_chose() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_host_allocator_mallopt_takes_effect_in_a_fresh_process() -> None:
-    from optpipe_lightning.strategy import host_allocator
+    from optpipe_lightning.strategy.runtime import host_allocator
 
     # the module alone (no torch import): a fresh interpreter starts in a fraction of a second
     code = (

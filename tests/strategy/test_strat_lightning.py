@@ -315,7 +315,7 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy import profiler, resolve, schedule_choice
+    from optpipe_lightning.strategy.scheduling import profiler, resolve, schedule_choice
 
     # start from GPipe so the solver has something to improve on (forked workers inherit this)
     monkeypatch.setattr(schedule_choice, "best_baseline", lambda pb: generate("gpipe", pb))

@@ -1,7 +1,7 @@
 """The CUDA offload path: two copy streams that overlap, a backward that waits for its reload,
 copy sources that stay allocated until their copy ends, and memory that is really freed.
 
-Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check.py`` runs them on the GPU machine.
+Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check`` runs them on the GPU machine.
 A delayed copy stream (``torch.cuda._sleep``) turns a missing wait into wrong numbers: the buffers
 involved are filled with NaN first, so reading one early shows.
 """
@@ -149,7 +149,7 @@ def test_memory_is_freed_by_the_offload_and_taken_again_by_the_reload() -> None:
 
 
 def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
-    from gpu_check_stage import (
+    from gpu_check.stage import (
         LayerShape,
         harness_problem,
         harness_row,

@@ -2,7 +2,7 @@
 action, tile a real step of the executor, and torch's split backward shows in them (F leaves at
 least what autograd saved, B keeps gradients for W, W frees).
 
-Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check.py`` runs it on the GPU machine.
+Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check`` runs it on the GPU machine.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def test_the_windows_tile_a_cuda_step_and_show_the_split_backward() -> None:
-    from gpu_check_stage import (
+    from gpu_check.stage import (
         LayerShape,
         harness_problem,
         harness_row,

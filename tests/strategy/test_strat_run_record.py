@@ -95,7 +95,7 @@ def test_runnable_chunkings_are_the_divisors_of_every_devices_layers() -> None:
 def test_the_strategy_solves_only_chunkings_the_executor_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from optpipe_lightning.strategy import planner
+    from optpipe_lightning.strategy.planning import planner
 
     seen: dict[str, Any] = {}
 
@@ -118,7 +118,7 @@ def test_a_solver_schedule_for_another_chunking_is_judged_on_its_own_problem(
     """The solver may answer in another chunking (it embeds that problem); the planner must
     check it there, not on the profiled problem's shape, or it never runs one."""
     from optpipe_lightning.schedule.chunking import rechunk, stamped
-    from optpipe_lightning.strategy import planner
+    from optpipe_lightning.strategy.planning import planner
 
     pb = Problem(num_stages=4, num_microbatches=8, t_f=1, t_b=1, t_w=1, layers_per_stage=4)
     v2 = rechunk(pb, 2, "vshape")
@@ -139,7 +139,7 @@ def test_a_background_solve_searches_only_the_running_chunking(
     import json
     import subprocess
 
-    from optpipe_lightning.strategy import resolve
+    from optpipe_lightning.strategy.scheduling import resolve
 
     sent: list[dict[str, Any]] = []
 

@@ -1,4 +1,4 @@
-"""The report of ``benchmarks/gpu_check.py``: ``gpu_check.json`` and the Markdown table
+"""The report of ``benchmarks/gpu_check``: ``gpu_check.json`` and the Markdown table
 ``gpu_check.md``, both rewritten atomically whenever a number arrives (a run cut short leaves
 what it measured)."""
 

@@ -1,6 +1,6 @@
-"""Section 4 of ``benchmarks/gpu_check.py``: one stage's schedule on the device.
+"""Section 4 of ``benchmarks/gpu_check``: one stage's schedule on the device.
 
-A pipeline problem from the measured op costs (``gpu_check_stage.op_costs``) and copy
+A pipeline problem from the measured op costs (``stage.op_costs``) and copy
 bandwidths, solved under a memory limit that forces offload; the stage with the most offloads
 runs its action list alone with the executor's ``OptPipeStage`` and the real ``OffloadManager``
 (its input batch and the incoming gradients made up, as if the neighbours had sent them: the
@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import gpu_check_stage
 import torch
-from gpu_check_stage import (
+
+from . import stage as gpu_check_stage
+from .stage import (
     LayerShape,
     _sync,
     device_kind,

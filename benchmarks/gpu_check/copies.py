@@ -1,4 +1,4 @@
-"""Sections 1 and 2 of ``benchmarks/gpu_check.py``: the copy engines, and copies under compute.
+"""Sections 1 and 2 of ``benchmarks/gpu_check``: the copy engines, and copies under compute.
 
 Bandwidths are timed with CUDA events on the streams that copy; "both at once" queues the two
 directions on two streams and times each stream's span (and the span of both together). The
@@ -22,7 +22,7 @@ GB = 1e9
 def _engines() -> Any:
     """The executor's copy engines, imported when first needed: without the package's
     dependencies the raw measurements still run and the section records the import error."""
-    from optpipe_lightning.strategy import copy_engines
+    from optpipe_lightning.strategy.runtime import copy_engines
 
     return copy_engines
 

@@ -3,8 +3,8 @@ offload under a memory limit, and the test suite's ``gpu`` tests.
 
 Usage (from the repository root; the package need not be installed)::
 
-    PYTHONPATH=$PWD python benchmarks/gpu_check.py --out gpu_check_out
-    PYTHONPATH=$PWD python benchmarks/gpu_check.py --out /tmp/gc --device cpu   # CPU: small sizes
+    PYTHONPATH=$PWD python benchmarks/gpu_check --out gpu_check_out
+    PYTHONPATH=$PWD python benchmarks/gpu_check --out /tmp/gc --device cpu   # CPU: small sizes
 
 Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` after every section (a run cut short still
 leaves what it measured) and prints progress. Sections, each catching its own errors:
@@ -45,16 +45,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 for _p in (ROOT, ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
-from gpu_check_copies import copy_engines, overlap  # noqa: E402
-from gpu_check_report import Report  # noqa: E402
-from gpu_check_schedule import stage_schedule  # noqa: E402
-from gpu_check_stage import LayerShape, op_costs  # noqa: E402
+
+from .copies import copy_engines, overlap  # noqa: E402
+from .report import Report  # noqa: E402
+from .schedule import stage_schedule  # noqa: E402
+from .stage import LayerShape, op_costs  # noqa: E402
 
 
 @dataclass(frozen=True)

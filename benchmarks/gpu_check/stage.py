@@ -1,4 +1,4 @@
-"""The transformer-layer sections of ``benchmarks/gpu_check.py``.
+"""The transformer-layer sections of ``benchmarks/gpu_check``.
 
 - ``op_costs``: F, B, W and fused BW of a GPT layer group (pre-LayerNorm, causal attention
   through ``scaled_dot_product_attention``, 4h GELU MLP, no dropout), timed by the executor's own
@@ -10,7 +10,7 @@
 - the harness both use: layer group 0 (``Scale``) hands a made-up input to the GPT layers under
   test (group 1), on one device in one process, with a made-up incoming gradient.
 
-Section 4 (one stage's schedule) is ``gpu_check_schedule.py``.
+Section 4 (one stage's schedule) is ``schedule.py``.
 
 Every number is written into the section's ``results`` dict as soon as it is known.
 """
