@@ -1,4 +1,4 @@
-"""``optpipe db`` commands (the lead mounts ``profiles_db.cli.app`` as ``optpipe db``)."""
+"""``optpipe db`` commands (``cli/db_commands.py``, mounted as ``optpipe db``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ module named for it:
   process, then Lightning's own launcher;
 - ``process_groups.py``: one pipeline group per data-parallel replica, one data-parallel group
   per stage, and the collectives over them;
-- ``scheduling.py``: the engine and the schedule it runs (its problem, ``pipeline_problem.py``;
+- ``scheduling/scheduler.py``: the engine and the schedule it runs (its problem, ``pipeline_problem.py``;
   the choice, ``schedule_choice.py``; profiling, ``profiler.py``; re-balancing,
   ``repartition.py``; calibration, ``calibration.py``; online re-solve, ``resolve.py``; step
   times, ``step_times.py``; the database, ``step_records.py`` and ``run_log.py``; validation's

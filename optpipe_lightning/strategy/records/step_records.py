@@ -3,7 +3,7 @@
 Each optimizer step: its wall seconds against the prediction made before it, its batches'
 metrics (``BatchMetrics``) and, on GPU, every rank's peak memory (gathered every
 ``PEAKS_EVERY`` steps, not per step: a gather is a collective). Validation losses and the
-calibrations go in too. ``Scheduler`` (``scheduling.py``) tells ``StepRecords`` what happened;
+calibrations go in too. ``Scheduler`` (``scheduling/scheduler.py``) tells ``StepRecords`` what happened;
 the other records (switches, the profile, the memory limit) go to ``active`` directly.
 """
 

@@ -5,7 +5,7 @@ layer groups' relative costs (``shape_problem``); after it, the profile's proble
 memory limit (``memory_limit``, less the ``memory_margin``, ``schedule/margin.py``) with the
 options applied (``profiled_problem``). The training microbatch count (``"auto"``: chosen here)
 and the run's configuration as the run log records it are worked out here too. ``Scheduler``
-(``scheduling.py``) holds the state these functions read.
+(``scheduler.py``) holds the state these functions read.
 """
 
 from __future__ import annotations
