@@ -144,8 +144,8 @@ def one_process(args: argparse.Namespace) -> dict[str, Any]:
 def pipelined(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
     import lightning.pytorch as pl
 
-    from optpipe_lightning.strategy.materialize import held_bytes, optimizer_state_bytes
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.runtime.materialize import held_bytes, optimizer_state_bytes
 
     class Probe(pl.Callback):
         def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:

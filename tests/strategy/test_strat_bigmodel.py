@@ -18,9 +18,9 @@ import optpipe_lightning  # noqa: F401  (registers "optpipe")
 from optpipe_lightning.schedule import Problem, Schedule
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.schedule.chunking import rechunk, stamped
-from optpipe_lightning.strategy.materialize import held_bytes, optimizer_state_bytes
-from optpipe_lightning.strategy.sharded_checkpoint import consolidate, convert, is_sharded
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.runtime.materialize import held_bytes, optimizer_state_bytes
+from optpipe_lightning.strategy.runtime.sharded_checkpoint import consolidate, convert, is_sharded
 
 
 class Probe(pl.Callback):

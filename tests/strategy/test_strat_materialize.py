@@ -8,7 +8,7 @@ import torch
 from bigmodel_lm import N_LAYERS, SEED, BigLM, one_device
 from torch import nn
 
-from optpipe_lightning.strategy.materialize import (
+from optpipe_lightning.strategy.runtime.materialize import (
     MaterializeError,
     build_on_meta,
     held_bytes,
@@ -95,7 +95,7 @@ class NoInitModel(BigLM):
 
 def test_the_launching_process_refuses_a_module_it_cannot_materialise() -> None:
     """Before any rank starts (the launcher's check): one error naming the module and the fix."""
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
     strategy = OptPipeStrategy(num_stages=2, num_microbatches=2, start_method="fork")
     with pytest.raises(MaterializeError, match=r"blocks\.1 \(NoInit\) holds \['w'\]"):

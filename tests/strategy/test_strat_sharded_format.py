@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from optpipe_lightning.strategy.sharded_checkpoint import (
+from optpipe_lightning.strategy.runtime.sharded_checkpoint import (
     ShardedCheckpointError,
     consolidate,
     load_sharded,
