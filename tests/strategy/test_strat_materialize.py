@@ -100,3 +100,38 @@ def test_the_launching_process_refuses_a_module_it_cannot_materialise() -> None:
     strategy = OptPipeStrategy(num_stages=2, num_microbatches=2, start_method="fork")
     with pytest.raises(MaterializeError, match=r"blocks\.1 \(NoInit\) holds \['w'\]"):
         strategy.precheck_model(NoInitModel(), fitting=True)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_rank_never_holds_more_than_its_layers_and_one_more(
+    stages: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optpipe_lightning.strategy.runtime import materialize as mat
+
+    owners = layer_owners(N_LAYERS, _partition(stages), stages, 1, "interleaved")
+    real = mat.allocate
+    for rank in range(stages):
+        pl.seed_everything(SEED, verbose=False)
+        model = BigLM()
+        build_on_meta(model)
+        assert model.blocks is not None
+        layers = list(model.blocks)
+        sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in layers]
+        keep = {i for i, o in enumerate(owners) if o == rank}
+        peaks: list[int] = []
+
+        def watched(
+            m: nn.Module,
+            device: torch.device,
+            model: nn.Module = model,
+            peaks: list[int] = peaks,
+        ) -> None:
+            real(m, device)
+            peaks.append(held_bytes(model))
+
+        monkeypatch.setattr(mat, "allocate", watched)
+        materialise(model, layers, keep, torch.device("cpu"))
+        monkeypatch.setattr(mat, "allocate", real)
+        own = sum(sizes[i] for i in keep)
+        assert max(peaks) <= own + max(sizes[i] for i in range(N_LAYERS) if i not in keep)
+        assert held_bytes(model) == own
