@@ -17,8 +17,10 @@ module named for it:
   microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
   clipping); ``checkpoint.py``: the whole model and optimizer state, collected;
-- ``runtime/materialize.py``: a module built on the meta device (``configure_model``), each rank
-  materialising only its own layers; ``runtime/sharded_checkpoint.py``: one DCP shard per rank.
+- ``model_state.py`` (this class's base): what each rank holds of the model -- built on the
+  meta device by ``configure_model``, each rank materialising only its own layers
+  (``runtime/materialize.py``) -- and the checkpoints, sharded (``runtime/sharded_checkpoint.py``)
+  or one file.
 
 The strategy owns forward and backward: ``training_step`` runs one pipelined step (the module's
 own ``training_step`` per microbatch on the last stage) and returns the batch's mean loss,
@@ -31,13 +33,10 @@ accumulated gradient exactly the single-device one; data-parallel replicas avera
 from __future__ import annotations
 
 import logging
-import shutil
 import types
 import warnings
-from collections.abc import Callable, Generator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -52,7 +51,6 @@ from lightning.fabric.utilities.distributed import (
 )
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only
@@ -69,7 +67,7 @@ from ..planning.options import (
 )
 from ..planning.partition import balanced_partition, validate_partition
 from ..records.run_log import prefetch_database
-from ..runtime.checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
+from ..runtime.checkpoint import full_state_dict
 from ..runtime.contract import ContractError, PipelineSpec, get_spec
 from ..runtime.fork_safety import set_cpu_threads
 from ..runtime.host_allocator import tune_host_allocator
@@ -77,20 +75,12 @@ from ..runtime.materialize import (
     allocate,
     build_on_meta,
     check_materialisable,
-    drop_layers,
     has_meta_tensors,
-    layer_owners,
-    materialise,
 )
 from ..runtime.process_groups import PipelineComm, make_groups
-from ..runtime.sharded_checkpoint import (
-    is_sharded,
-    load_sharded,
-    local_optimizer_state,
-    save_sharded,
-)
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
+from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
@@ -99,7 +89,7 @@ __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 log = logging.getLogger(__name__)
 
 
-class OptPipeStrategy(ParallelStrategy):
+class OptPipeStrategy(ModelStateStrategy):
     """Pipeline-parallel training over optpipe schedules (see docs/strategy.md).
 
     Args:
@@ -198,7 +188,7 @@ class OptPipeStrategy(ParallelStrategy):
         tune_host_allocator: bool = True,
         calibrate_budget: float | None = 0.005,
         shard_model: bool | Literal["auto"] = "auto",
-        checkpoint_format: Literal["auto", "sharded", "full"] = "auto",
+        checkpoint_format: CheckpointFormat = "auto",
         full_model_after_fit: bool | None = None,
         **kwargs: Any,
     ) -> None:
@@ -233,15 +223,7 @@ class OptPipeStrategy(ParallelStrategy):
             tune_host_allocator=tune_host_allocator,
             calibrate_budget=calibrate_budget,
         )
-        if checkpoint_format not in ("auto", "sharded", "full"):
-            raise OptPipeConfigError(
-                f"checkpoint_format={checkpoint_format!r}: use 'auto', 'sharded' or 'full'"
-            )
-        self.shard_model_option = shard_model
-        self.checkpoint_format = checkpoint_format
-        self.full_model_after_fit = full_model_after_fit
-        self.sharded = False  # this run holds only its own layers (decided in ``setup``)
-        self._loaded_in_place = False  # the last checkpoint loaded went straight into the model
+        self.init_model_state(shard_model, checkpoint_format, full_model_after_fit)
         self._start_method = start_method
         self._process_group_backend = process_group_backend
         self._timeout = timeout
@@ -416,7 +398,7 @@ class OptPipeStrategy(ParallelStrategy):
         self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
         requested = self.options.num_microbatches
         partition = self._partition(self.spec)
-        self._own_layers(self.lightning_module, self.spec, partition)
+        self.own_layers(self.lightning_module, self.spec, partition)
         self.scheduler = Scheduler(
             self.options,
             self.spec,
@@ -444,38 +426,6 @@ class OptPipeStrategy(ParallelStrategy):
         # norm clipping must see the norm over all stages, not this rank's share
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
         self.barrier()
-
-    def _own_layers(
-        self, module: pl.LightningModule, spec: PipelineSpec, partition: list[int]
-    ) -> None:
-        """A module built on the meta device gets its own layers materialised (the others
-        initialised and dropped, for one device's weights); a sharded module drops the others."""
-        meta = has_meta_tensors(module)
-        option = self.shard_model_option
-        self.sharded = meta if option == "auto" else bool(option)
-        if not (meta or self.sharded):
-            return
-        assert self.comm is not None
-        v, placement = self.options.chunks
-        owners = layer_owners(len(spec.layers), partition, self.num_stages, v, placement)
-        keep = {i for i, o in enumerate(owners) if o == self.comm.pp_rank}
-        if not self.sharded:
-            keep = set(range(len(spec.layers)))  # asked to hold the whole model
-        if meta:
-            materialise(module, spec.layers, keep, self.root_device)
-        drop_layers(spec.layers, keep)
-
-    @contextmanager
-    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
-        """``configure_model`` (and ``trainer.init_module()``) build on the meta device; each
-        rank materialises its own layers in ``setup`` (``init_module(empty_init=False)``
-        builds real tensors)."""
-        if empty_init is False:
-            with super().tensor_init_context(empty_init):
-                yield
-            return
-        with torch.device("meta"), self.precision_plugin.tensor_init_context():
-            yield
 
     def _partition(self, spec: PipelineSpec) -> list[int]:
         """The user's partition, or layer groups balanced by layer costs / parameter counts."""
@@ -558,10 +508,7 @@ class OptPipeStrategy(ParallelStrategy):
         module left in the user's process after ``fit`` is the trained one, for every launcher.
         A sharded model keeps each rank's own layers only, unless ``full_model_after_fit``."""
         module, sched, _ = self._parts()
-        whole = self.full_model_after_fit
-        if whole is None:
-            whole = not self.sharded
-        if sched.engine is not None and whole:
+        if sched.engine is not None and self.whole_model_after_fit:
             if self.sharded:
                 for m in module.modules():  # room for the layers collected from other ranks
                     allocate(m, self.root_device)
@@ -616,119 +563,6 @@ class OptPipeStrategy(ParallelStrategy):
         self._refuse_in_step("all_gather")
         return super().all_gather(tensor, group, sync_grads)
 
-    # ---- checkpoints -------------------------------------------------------------------------
-
-    @property
-    def sharded_checkpoints(self) -> bool:
-        if self.checkpoint_format == "auto":
-            return self.sharded
-        return self.checkpoint_format == "sharded"
-
-    @property
-    def restore_checkpoint_after_setup(self) -> bool:
-        """Checkpoints load into the layers ``setup`` materialised on each rank."""
-        return True
-
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The full model, every layer from the rank that trains it (collected on every rank);
-        sharded checkpoints: this rank's own tensors only."""
-        assert self.lightning_module is not None
-        if self.sharded_checkpoints:
-            return {
-                k: v
-                for k, v in self.lightning_module.state_dict().items()
-                if not (isinstance(v, Tensor) and v.is_meta)
-            }
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return full_state_dict(self.lightning_module, engine, self.comm)
-
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer state of all stages merged (parameter indices agree on every rank);
-        sharded checkpoints: this rank's share, by parameter name."""
-        if self.sharded_checkpoints:
-            assert self.lightning_module is not None
-            return local_optimizer_state(optimizer, self.lightning_module)
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return merged_optimizer_state(optimizer, engine, self.comm)
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
-    ) -> None:
-        """Sharded: a directory, one DCP shard per rank (every rank writes); full: one file
-        (global rank 0). Both record the schedule, partition and chunking under ``optpipe``."""
-        checkpoint["optpipe"] = self._layout()
-        if not self.sharded_checkpoints:
-            if Path(filepath).is_dir() and self.is_global_zero:
-                shutil.rmtree(filepath)  # a sharded checkpoint there before
-            super().save_checkpoint(checkpoint, filepath, storage_options)
-            return
-        if storage_options is not None:
-            raise TypeError("OptPipeStrategy's sharded checkpoints take no storage_options")
-        path = Path(self.broadcast(str(filepath)))
-        if self.is_global_zero:
-            if path.is_file():
-                path.unlink()
-            path.mkdir(parents=True, exist_ok=True)
-        self.barrier()
-        save_sharded(checkpoint, path, self.is_global_zero)
-        self.barrier()
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
-        """A sharded checkpoint loads straight into this rank's layers and optimizer state
-        (by name: any partition, schedule or stage count wrote it); a file, as usual."""
-        self._loaded_in_place = False
-        path = Path(self.broadcast(str(checkpoint_path)))
-        if not path.is_dir():
-            return super().load_checkpoint(checkpoint_path, weights_only)
-        if not is_sharded(path):
-            raise OptPipeConfigError(
-                f"checkpoint {path} is a directory without a sharded checkpoint's .metadata and "
-                "meta.pt: give the directory trainer.save_checkpoint wrote, or a .ckpt file"
-            )
-        module = self.lightning_module
-        assert module is not None
-        trainer = module.trainer
-        optimizers = self.optimizers if trainer.state.fn == "fit" else []
-        meta = load_sharded(
-            path, module, optimizers, self.root_device, strict=module.strict_loading
-        )
-        self._loaded_in_place = True
-        meta["state_dict"] = {}
-        meta.setdefault("optimizer_states", [{} for _ in optimizers])
-        return meta
-
-    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        if self._loaded_in_place:
-            return
-        assert self.lightning_module is not None
-        state = checkpoint["state_dict"]
-        if self.sharded:  # a whole-model file: each rank takes its own tensors
-            own = self.lightning_module.state_dict()
-            state = {k: v for k, v in state.items() if not (k in own and own[k].is_meta)}
-            self.lightning_module.load_state_dict(state, strict=False)
-            return
-        self.lightning_module.load_state_dict(state, strict=strict)
-
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        if self._loaded_in_place:
-            return
-        load_optimizer_states(self.optimizers, checkpoint["optimizer_states"], self.root_device)
-
-    def _layout(self) -> dict[str, Any]:
-        """The schedule, partition and chunking of this run (informative: a checkpoint resumes
-        on any)."""
-        sched = self.scheduler
-        engine = sched.engine if sched is not None else None
-        return {
-            "num_stages": self.num_stages,
-            "data_parallel": self.options.data_parallel,
-            "partition": None if sched is None else list(sched.partition),
-            "num_chunks": None if sched is None else sched.num_chunks,
-            "placement": None if sched is None else sched.placement,
-            "schedule": None if engine is None else engine.schedule.generator,
-            "sharded": self.sharded_checkpoints,
-        }
-
     # ---- the end ----------------------------------------------------------------------------
 
     def on_exception(self, exception: BaseException) -> None:
@@ -744,19 +578,8 @@ class OptPipeStrategy(ParallelStrategy):
             if module is not None:
                 module.__dict__.pop(hook, None)
         self._installed = []
-        if module is not None and has_meta_tensors(module):
-            # Lightning moves the module to the CPU; dropped (meta) tensors stay where they are
-            for m in module.modules():
-                for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
-                    if not t.is_meta and t.device.type != "cpu":
-                        torch.utils.swap_tensors(t, type(t)(t.detach().cpu()))
-            module.cpu = lambda: module  # type: ignore[method-assign]
-            try:
-                super().teardown()
-            finally:
-                del module.cpu
-            return
-        super().teardown()
+        with self.sharded_teardown(module):
+            super().teardown()
 
 
 def _notify(text: str, detail: bool) -> None:

@@ -157,6 +157,17 @@ def drop_layers(layers: Sequence[nn.Module], keep: set[int]) -> None:
                 _drop(m)
 
 
+def move_held(module: nn.Module, device: torch.device) -> None:
+    """The tensors the module holds (not the dropped ones) move to ``device``, in place."""
+    for m in module.modules():
+        for _, t in _named_tensors(m):
+            if not t.is_meta and t.device != device:
+                new = t.detach().to(device)
+                if isinstance(t, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=t.requires_grad)
+                torch.utils.swap_tensors(t, new)
+
+
 def held_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters and buffers that hold storage (not on the meta device)."""
     seen: set[int] = set()
