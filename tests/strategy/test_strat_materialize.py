@@ -135,3 +135,19 @@ def test_a_rank_never_holds_more_than_its_layers_and_one_more(
         own = sum(sizes[i] for i in keep)
         assert max(peaks) <= own + max(sizes[i] for i in range(N_LAYERS) if i not in keep)
         assert held_bytes(model) == own
+
+
+def test_init_module_builds_on_the_meta_device_only_when_asked() -> None:
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=OptPipeStrategy(num_stages=2, num_microbatches=2, start_method="fork"),
+        logger=False,
+    )
+    with trainer.init_module():
+        real = nn.Linear(2, 2)
+    with trainer.init_module(empty_init=True):
+        empty = nn.Linear(2, 2)
+    assert not real.weight.is_meta and empty.weight.is_meta

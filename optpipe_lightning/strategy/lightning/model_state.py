@@ -96,10 +96,12 @@ class ModelStateStrategy(ParallelStrategy):
 
     @contextmanager
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
-        """``configure_model`` (and ``trainer.init_module()``) build on the meta device; each
-        rank materialises its own layers in ``setup`` (``init_module(empty_init=False)``
-        builds real tensors)."""
-        if empty_init is False:
+        """Lightning's ``configure_model`` call (the module is connected) and
+        ``trainer.init_module(empty_init=True)`` build on the meta device; each rank materialises
+        its own layers in ``setup``. ``trainer.init_module()`` builds real tensors (weights a
+        user loads into them right after are kept)."""
+        meta = empty_init is True or (empty_init is None and self.lightning_module is not None)
+        if not meta:
             with super().tensor_init_context(empty_init):
                 yield
             return
