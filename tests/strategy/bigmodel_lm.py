@@ -74,6 +74,9 @@ class BigLM(pl.LightningModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(data(), batch_size=BATCH)
 
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(data(), batch_size=BATCH)
+
 
 def one_device() -> BigLM:
     """The module as one device builds it under the same seed."""

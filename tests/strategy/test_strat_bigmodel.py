@@ -172,7 +172,7 @@ def test_own_layers_only_then_sharded_resume_on_four_stages(tmp_path: Path) -> N
 
 
 @pytest.mark.dist
-def test_model_checkpoint_writes_shards_and_validate_resumes_them(tmp_path: Path) -> None:
+def test_model_checkpoint_writes_shards_and_validate_and_test_resume_them(tmp_path: Path) -> None:
     _, ref_state = reference(2)
     pl.seed_everything(SEED, verbose=False)
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)
@@ -194,6 +194,8 @@ def test_model_checkpoint_writes_shards_and_validate_resumes_them(tmp_path: Path
     with torch.no_grad():
         expect = float(loss_fn(run(trained, x), y))
     assert out[0]["val_loss"] == pytest.approx(expect, abs=1e-5)
+    tested = val.test(BigLM(), ckpt_path=str(written[0]), verbose=False)  # a fresh module
+    assert tested[0]["test_loss"] == pytest.approx(expect, abs=1e-5)
 
 
 @pytest.mark.dist
