@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from optpipe_lightning.strategy import PipelineSpec
 from optpipe_lightning.strategy.hf import causal_lm_layers
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 VOCAB, SEQ = 128, 16
 

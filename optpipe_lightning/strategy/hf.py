@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .contract import ContractError
+from .runtime.contract import ContractError
 
 
 class HFEmbedding(nn.Module):

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy.contract import ContractError
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy import ContractError, OptPipeStrategy
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

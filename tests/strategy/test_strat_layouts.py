@@ -25,8 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy import OptPipeStrategy, PipelineSpec
 
 pytestmark = pytest.mark.dist
 

@@ -30,9 +30,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.precision import activation_dtype
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy import OptPipeStrategy, PipelineSpec
+from optpipe_lightning.strategy.lightning.precision import activation_dtype
 
 BATCH, M, DIM, N_LAYERS, STEPS = 8, 4, 8, 6, 4
 POISON_STEP = 1  # 16-mixed: layer 0's weight gradient is inf in this step (stage 0 only)
