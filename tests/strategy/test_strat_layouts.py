@@ -102,11 +102,11 @@ class Saver(pl.Callback):
         trainer.save_checkpoint(os.path.join(self.out, "final.ckpt"))
 
 
-def fit(tmp: Path, kind: str, **opts: Any) -> None:
+def fit(tmp: Path, kind: str, devices: int = 2, **opts: Any) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     opts.setdefault("profile_steps", 0)
     strategy = OptPipeStrategy(
-        num_stages=2,
+        num_stages=devices,
         num_microbatches=M,
         start_method="fork",
         online_resolve=False,
@@ -115,7 +115,7 @@ def fit(tmp: Path, kind: str, **opts: Any) -> None:
         **opts,
     )
     tr = trainer(
-        2,
+        devices,
         strategy,
         max_steps=STEPS,
         max_epochs=None,
@@ -137,6 +137,13 @@ def test_uneven_layer_groups_after_profiling(tmp_path: Path, schedule: str) -> N
     """6 layers on 2 stages x 2 chunks: groups [2, 2, 1, 1] (3 layers per device), profiled."""
     fit(tmp_path, "plain", schedule=schedule, profile_steps=1)
     check(tmp_path, reference("plain"))
+
+
+def test_views_on_four_stages_with_profiling(tmp_path: Path) -> None:
+    """4 processes, 1F1B after a profiled step: profiling runs the split backward, where the
+    two middle stages end in nn.Linear on a 3-D input (views)."""
+    fit(tmp_path, "views", devices=4, schedule="1f1b", profile_steps=1)
+    check(tmp_path, reference("views"))
 
 
 @pytest.mark.parametrize(
