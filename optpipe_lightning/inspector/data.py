@@ -317,32 +317,33 @@ def schedule_json(url: str, schedule_id: int) -> str:
     return sc.to_json(indent=1)
 
 
-@st.cache_data(ttl=STATIC_TTL, show_spinner="generating the baseline schedules...")
+@st.cache_data(ttl=LIST_TTL, show_spinner=False)
 def baseline_makespans(url: str, problem_hash: str) -> dict[str, float]:
-    """Makespan (seconds) of every feasible baseline on the problem: stored ones, else generated
-    now by ``schedule.baselines``."""
-    out: dict[str, float] = {}
-    table = schedules(url, problem_hash)
-    stored = set(table[table["source"] == "baseline"]["generator"])
-    for r in table.itertuples():
-        if r.source == "baseline" and r.feasible and pd.notna(r.makespan):
-            prev = out.get(r.generator)
-            out[r.generator] = r.makespan if prev is None else min(prev, r.makespan)
-    from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+    """Makespan (seconds) of every feasible baseline stored for the problem (on any of its
+    chunkings): the schedules stored as baselines, and the rows ``optpipe compare --db``
+    printed. Read only: the inspector never generates a schedule."""
 
-    missing = [n for n in BASELINE_NAMES if n not in stored]
-    if not missing:
-        return out
-    pb = problem(url, problem_hash)
-    for name in missing:
-        try:
-            sc = generate(name, pb)
-        except NotApplicable:
-            continue
-        ev = sc.evaluation
-        if ev is not None and ev.feasible and ev.makespan is not None:
-            out[name] = ev.makespan
-    return out
+    def q(s: Any) -> dict[str, float]:
+        repo = _repo()
+        recs = list(repo.list_schedules(s, problem_hash, with_rechunkings=True))
+        by_id = {int(_get(r, "id")): r for r in recs}
+        found: dict[str, float] = {}
+
+        def add(name: str, rec: Any) -> None:
+            mk = _get(rec, "makespan")
+            if not _get(rec, "feasible") or mk is None:
+                return
+            found[name] = min(float(mk), found.get(name, float("inf")))
+
+        for rec in recs:
+            if _get(rec, "source") == "baseline":
+                add(str(_get(rec, "generator")), rec)
+        for name, sid in repo.run_rows(s, problem_hash).items():
+            if name != "optpipe" and sid in by_id:
+                add(name, by_id[sid])
+        return found
+
+    return _query(url, q)
 
 
 # ---- solver runs --------------------------------------------------------------------------------

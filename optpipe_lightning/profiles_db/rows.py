@@ -33,6 +33,7 @@ class ProblemRow(_Row):
     created_at: datetime
     num_schedules: int
     best_makespan: float | None  # best feasible stored schedule
+    given_hash: str | None = None  # a re-chunking: the problem the user gave
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,14 @@ def progress() -> None:
     )
     if running:
         st.caption(f"Solving: this chart follows the run every {REFRESH_SECONDS:g} s.")
-    if baselines:
+    if not baselines:
+        st.info(
+            "No baseline of this problem is stored, so none is drawn for comparison: "
+            f"`optpipe compare PROBLEM.json --no-solve --db {data.display_url(url)}` stores "
+            "them (the inspector never computes one).",
+            icon="ℹ️",
+        )
+    else:
         st.caption(
             "Dashed grey lines: the baselines' makespans on this problem ("
             + ", ".join(
