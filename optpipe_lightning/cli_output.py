@@ -27,8 +27,17 @@ def status_line(first: str, *, enabled: bool) -> Iterator[Callable[[str], None]]
     if not enabled or not console.is_terminal:
         yield lambda _text: None
         return
-    with console.status(first, spinner="dots") as status:
-        yield lambda text: status.update(text)
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    spinner = Spinner("dots", first)
+    with Live(spinner, console=console, transient=True, refresh_per_second=12.5) as live:
+
+        def say(text: str) -> None:
+            spinner.update(text=text)
+            live.refresh()  # every step shows, however fast the steps come
+
+        yield say
 
 
 def fmt_time(seconds: float | None) -> str:
