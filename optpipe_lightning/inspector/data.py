@@ -157,6 +157,7 @@ PROBLEM_COLUMNS = [
     "offload",
     "schedules",
     "best_makespan",
+    "given_hash",
 ]
 
 
@@ -181,7 +182,16 @@ def problems(url: str) -> pd.DataFrame:
                 "best_makespan": _get(r, "best_makespan"),
             }
             row["label"] = labels.problem_label(row)
+            row["given_hash"] = _get(r, "given_hash")
             rows.append(row)
+        # a problem the user gave counts the schedules of its re-chunkings too
+        for child in [r for r in rows if r["given_hash"]]:
+            parent = next((r for r in rows if r["hash"] == child["given_hash"]), None)
+            if parent is None:
+                continue
+            parent["schedules"] = (parent["schedules"] or 0) + (child["schedules"] or 0)
+            bests = [x for x in (parent["best_makespan"], child["best_makespan"]) if x is not None]
+            parent["best_makespan"] = min(bests) if bests else None
         return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 
     return _query(url, q)
@@ -206,15 +216,19 @@ SCHEDULE_COLUMNS = [
 
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
-def schedules(url: str, problem_hash: str | None = None) -> pd.DataFrame:
+def schedules(
+    url: str, problem_hash: str | None = None, with_rechunkings: bool = False
+) -> pd.DataFrame:
     """Stored schedules (newest first within a problem), without their action lists: what
-    produced each one (``produced_by``), its problem's label, makespan (seconds)."""
+    produced each one (``produced_by``), its problem's label, makespan (seconds).
+    ``with_rechunkings``: also those of the re-chunkings the solver and baselines ran for the
+    problem (each labelled by its chunking)."""
     table = problems(url)
     problem_labels = dict(zip(table["hash"], table["label"], strict=True))
     chunking = {r.hash: (int(r.chunks or 1), str(r.placement or "")) for r in table.itertuples()}
 
     def q(s: Any) -> pd.DataFrame:
-        recs = list(_repo().list_schedules(s, problem_hash=problem_hash))
+        recs = list(_repo().list_schedules(s, problem_hash, with_rechunkings=with_rechunkings))
         params = _params(s, "ScheduleRecord", [int(_get(r, "id")) for r in recs])
         rows = []
         for rec in recs:

@@ -104,6 +104,18 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+BYTE_COLUMNS = frozenset({"memory_limit"})
+
+
+def _fmt_column(column: str, v: Any) -> str:
+    """A cell: bytes in the one byte unit every optpipe table uses (``73.01 GB``)."""
+    if column in BYTE_COLUMNS and isinstance(v, int | float):
+        from ..schedule.units import format_bytes
+
+        return format_bytes(float(v))
+    return _fmt(v)
+
+
 def _table(title: str, rows: list[Any], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -112,7 +124,7 @@ def _table(title: str, rows: list[Any], columns: list[str]) -> None:
     for c in columns:
         table.add_column(c)
     for r in rows:
-        table.add_row(*(_fmt(getattr(r, c)) for c in columns))
+        table.add_row(*(_fmt_column(c, getattr(r, c)) for c in columns))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 

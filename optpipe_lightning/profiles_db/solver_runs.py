@@ -19,10 +19,10 @@ from .storage import json_safe
 
 __all__ = [
     "finish_solver_run",
-    "run_rows",
-    "set_solver_run_rows",
     "get_solver_run",
     "list_solver_runs",
+    "run_rows",
+    "set_solver_run_rows",
     "solver_events",
     "start_solver_run",
 ]
