@@ -44,9 +44,11 @@ def test_solver_runs_are_recorded_solves(demo_db: DemoDatabase) -> None:
             assert run.status != "running" and run.finished_at is not None
             assert run.num_events >= 1 and run.problem_hash == demo_db.problems[key]
             sc = repo.get_schedule(s, run.schedule_id)
-            assert sc.generator == "optpipe" and sc.evaluation is not None
-            assert sc.params["time_limit"] == 1.0
-            assert backend == "auto" or sc.params["backend"] == backend
+            assert sc.evaluation is not None
+            if sc.generator == "optpipe":  # else the solver found a stored baseline's
+                # schedule again, which is stored once, under the baseline (issue 38)
+                assert sc.params["time_limit"] == 1.0
+                assert backend == "auto" or sc.params["backend"] == backend
             assert sc.evaluation.makespan == pytest.approx(run.makespan)
             events = repo.solver_events(s, run_id)
             assert min(e.makespan for e in events if e.makespan) == pytest.approx(run.makespan)
