@@ -60,7 +60,9 @@ def test_db_upgrade_copies_the_file_first_then_migrates_keeping_rows(tmp_path: P
     assert f"from schema revision 0003 to {head_revision()}" in result.stdout
     assert str(backup) in result.stdout
     with sqlite3.connect(backup) as conn:  # the copy is the old database, as it was
-        assert conn.execute("SELECT version_num FROM optpipe_schema_version").fetchone() == ("0003",)
+        assert conn.execute("SELECT version_num FROM optpipe_schema_version").fetchone() == (
+            "0003",
+        )
         assert conn.execute("SELECT count(*) FROM schedules").fetchone() == (1,)
     assert _sha(path) != before
     with open_database(url, read_only=True) as db, db.session() as s:
