@@ -122,7 +122,7 @@ _mount_problem()
 
 
 def main() -> None:
-    app()
+    app(prog_name="optpipe")  # (also under `python -m optpipe_lightning`)
 
 
 if __name__ == "__main__":

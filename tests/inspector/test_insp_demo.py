@@ -39,7 +39,7 @@ def test_solver_runs_are_recorded_solves(demo_db: DemoDatabase) -> None:
         ("unit-4x8", "auto"),
     }
     with open_database(demo_db.url, read_only=True) as db, db.session() as s:
-        for (key, backend), run_id in demo_db.solver_runs.items():
+        for (key, _backend), run_id in demo_db.solver_runs.items():
             run = repo.get_solver_run(s, run_id)
             assert run.status != "running" and run.finished_at is not None
             assert run.num_events >= 1 and run.problem_hash == demo_db.problems[key]

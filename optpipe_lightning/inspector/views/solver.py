@@ -93,7 +93,14 @@ def progress() -> None:
             "its process may have stopped."
         )
     if frame.empty:
-        st.info("This run has reported no incumbent or bound yet.")
+        if row["backend"] == "baselines":  # `compare --no-solve --db`, `baseline --db`
+            st.info(
+                "This run stored baselines only (no solver ran): their schedules are on the "
+                "Compare page.",
+                icon="ℹ️",
+            )
+        else:
+            st.info("This run has reported no incumbent or bound yet.")
         return
     tu = time_unit(float(frame["makespan"].max()))
     shown = frame.assign(makespan=frame["makespan"] / tu.scale)
