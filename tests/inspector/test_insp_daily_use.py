@@ -133,3 +133,32 @@ def test_an_older_database_gets_the_upgrade_command(
     assert any(f"optpipe db upgrade --db {url}" in e.value for e in at.error)
     assert path.read_bytes() == before
     json.dumps([e.value for e in at.error])  # (plain text)
+
+
+def test_a_cached_demo_of_an_older_schema_is_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alembic import command
+
+    from optpipe_lightning import demo
+    from optpipe_lightning.profiles_db.database import _alembic_config
+
+    cached = tmp_path / "demo.db"
+    db = open_database(f"sqlite:///{cached}")
+    with db.engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), "0003")
+    db.close()
+    built: list[str] = []
+
+    def build(url: str, **_k: Any) -> None:
+        built.append(url)
+        open_database(url).close()  # (an empty current database stands for the demo)
+
+    monkeypatch.setattr(demo, "default_demo_path", lambda: cached)
+    monkeypatch.setattr(demo, "build_demo_database", build)
+    logged: list[str] = []
+    assert demo.ensure_demo_database(None, log=logged.append) == f"sqlite:///{cached}"
+    assert len(built) == 1 and "older schema" in logged[0]
+    open_database(f"sqlite:///{cached}", read_only=True).close()  # current now
+    demo.ensure_demo_database(None, log=logged.append)
+    assert len(built) == 1  # a current one is reused
