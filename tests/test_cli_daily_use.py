@@ -16,8 +16,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from optpipe_lightning import cli_output
 from optpipe_lightning.cli import app
+from optpipe_lightning.cli import output as cli_output
 
 runner = CliRunner()
 TINY = Path(__file__).resolve().parents[1] / "examples" / "problems" / "tiny-4x8.json"

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 import optpipe_lightning.inspector as inspector
-from optpipe_lightning.demo import DemoDatabase
+from optpipe_lightning.cli.demo import DemoDatabase
 from optpipe_lightning.profiles_db import open_database, repository
 
 APP = Path(inspector.__file__).parent / "app.py"
@@ -140,7 +140,7 @@ def test_a_cached_demo_of_an_older_schema_is_built_again(
 ) -> None:
     from alembic import command
 
-    from optpipe_lightning import demo
+    from optpipe_lightning.cli import demo
     from optpipe_lightning.profiles_db.database import _alembic_config
 
     cached = tmp_path / "demo.db"

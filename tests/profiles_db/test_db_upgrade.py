@@ -13,9 +13,9 @@ from alembic import command
 from db_builders import make_fbw, make_problem
 from typer.testing import CliRunner
 
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import OlderSchemaError, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.profiles_db.cli import app
 from optpipe_lightning.profiles_db.database import _alembic_config, head_revision
 
 runner = CliRunner()
