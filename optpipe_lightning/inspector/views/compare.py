@@ -37,7 +37,8 @@ if unknown:
         + ".",
         icon="🔎",
     )
-default = [i for i in wanted if i in ids] or ids[:MAX_DEFAULT]
+fitting = [int(r.id) for r in table.itertuples() if r.feasible]
+default = [i for i in wanted if i in ids] or fitting[:MAX_DEFAULT] or ids[:MAX_DEFAULT]
 chosen = st.multiselect(
     "schedules", ids, default=default, format_func=lambda i: names[i], key="compare_ids"
 )
