@@ -5,6 +5,7 @@ problem the user gave; `db import` takes a schedule file."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from pathlib import Path
 
@@ -128,3 +129,13 @@ def test_db_import_takes_a_schedule_file(tmp_path: Path, sqlite_url: str) -> Non
     bare.write_text(make_fbw(p).model_copy(update={"problem": None}).to_json())
     refused = runner.invoke(app, ["import", str(bare), "--db", sqlite_url])
     assert refused.exit_code == 2 and "does not embed its problem" in refused.stderr
+
+
+def test_db_list_shows_bytes_in_the_one_byte_unit(sqlite_url: str) -> None:
+    with open_database(sqlite_url) as db, db.session() as s:
+        repo.store_problem(s, make_problem(memory_limit=7.30144e10))
+    result = runner.invoke(app, ["list", "problems", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "73.01 GB" in result.stdout and "e+" not in result.stdout
+    as_json = runner.invoke(app, ["list", "problems", "--json", "--db", sqlite_url])
+    assert json.loads(as_json.stdout)["problems"][0]["memory_limit"] == 7.30144e10  # JSON: bytes
