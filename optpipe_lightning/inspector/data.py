@@ -184,14 +184,6 @@ def problems(url: str) -> pd.DataFrame:
             row["label"] = labels.problem_label(row)
             row["given_hash"] = _get(r, "given_hash")
             rows.append(row)
-        # a problem the user gave counts the schedules of its re-chunkings too
-        for child in [r for r in rows if r["given_hash"]]:
-            parent = next((r for r in rows if r["hash"] == child["given_hash"]), None)
-            if parent is None:
-                continue
-            parent["schedules"] = (parent["schedules"] or 0) + (child["schedules"] or 0)
-            bests = [x for x in (parent["best_makespan"], child["best_makespan"]) if x is not None]
-            parent["best_makespan"] = min(bests) if bests else None
         return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 
     return _query(url, q)

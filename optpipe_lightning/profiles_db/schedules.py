@@ -104,6 +104,15 @@ def list_problems(s: Session) -> list[ProblemRow]:
         .outerjoin(stats, stats.c.h == ProblemRecord.hash)
         .order_by(ProblemRecord.created_at.desc(), ProblemRecord.hash)
     )
+    rows = s.execute(q).all()
+    # a problem the user gave counts the schedules of its re-chunkings too (every chunking
+    # the solver and the baselines ran for it)
+    counts = {p.hash: (n or 0, best) for p, n, best in rows}
+    for p, n, best in rows:
+        if p.given_hash in counts and n:
+            total, top = counts[p.given_hash]
+            bests = [x for x in (top, best) if x is not None]
+            counts[p.given_hash] = (total + n, min(bests) if bests else None)
     return [
         ProblemRow(
             hash=p.hash,
@@ -115,11 +124,11 @@ def list_problems(s: Session) -> list[ProblemRow]:
             memory_limit=p.memory_limit,
             offload=p.offload,
             created_at=p.created_at,
-            num_schedules=n or 0,
-            best_makespan=best,
+            num_schedules=counts[p.hash][0],
+            best_makespan=counts[p.hash][1],
             given_hash=p.given_hash,
         )
-        for p, n, best in s.execute(q).all()
+        for p, _n, _best in rows
     ]
 
 

@@ -111,6 +111,8 @@ def test_a_rechunking_is_labelled_by_its_chunking_and_listed_with_the_given_prob
         assert rows[ran.hash].given_hash == given.hash
         assert rows[ran.hash].name == "v=2 vshape re-chunking of 2 chunks per stage"
         assert rows[given.hash].given_hash is None
+        assert rows[given.hash].num_schedules == 1  # its re-chunking's schedule counts
+        assert rows[given.hash].best_makespan == rows[ran.hash].best_makespan
         assert repo.list_schedules(s, given.hash) == []
         listed = repo.list_schedules(s, given.hash, with_rechunkings=True)
         assert [r.id for r in listed] == [sid]
