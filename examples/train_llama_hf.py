@@ -16,7 +16,7 @@ their gradients accumulated) and prints the largest parameter difference.
 
 The module is written as for one device: ``forward`` is the Hugging Face model's own forward,
 ``training_step`` calls ``self(input_ids)``. The one pipeline hook lists the layers with
-``optpipe_lightning.strategy.hf.causal_lm_layers``, which gives each decoder layer what the
+``optpipe_lightning.strategy.causal_lm_layers``, which gives each decoder layer what the
 Llama model otherwise computes once for all of them (rotary position embeddings, position ids,
 the causal mask).
 """
@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.hf import causal_lm_layers
+from optpipe_lightning.strategy import PipelineSpec, causal_lm_layers
 from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 VOCAB, SEQ = 128, 16

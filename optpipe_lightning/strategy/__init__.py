@@ -9,6 +9,7 @@ from .planning.partition import PartitionError, balanced_partition
 from .planning.planner import NoScheduleError
 from .runtime.contract import ContractError, LayerChain, PipelineSpec, get_spec
 from .runtime.engine import PipelineEngine, ScheduleRejectedError
+from .runtime.hf import causal_lm_layers  # Hugging Face models (imports no transformers)
 
 __all__ = [
     "ContractError",
@@ -22,6 +23,7 @@ __all__ = [
     "PipelineStepError",
     "ScheduleRejectedError",
     "balanced_partition",
+    "causal_lm_layers",
     "get_spec",
 ]
 

@@ -1,5 +1,5 @@
 """A Hugging Face ``transformers`` Llama (random weights, small ``LlamaConfig``) pipelined on CPU
-processes equals one device (``examples/train_llama_hf.py``, ``strategy/hf.py``)."""
+processes equals one device (``examples/train_llama_hf.py``, ``strategy/runtime/hf.py``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import torch
 from torch import nn
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import ContractError, OptPipeStrategy
+from optpipe_lightning.strategy import ContractError
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import train_llama_hf as example
 
-from optpipe_lightning.strategy.hf import causal_lm_layers
+from optpipe_lightning.strategy import causal_lm_layers
 
 STEPS, M = 3, 4
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import pytest
@@ -25,7 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import OptPipeStrategy, PipelineSpec
+from optpipe_lightning.strategy import PipelineSpec
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytestmark = pytest.mark.dist
 
@@ -188,7 +189,8 @@ class BatchNormModel(pl.LightningModule):
 def _batchnorm_session(workdir: Path) -> None:
     rank = int(os.environ["LOCAL_RANK"])
     got: dict[str, str] = {}
-    for name, m in (("explicit", 4), ("auto", "auto")):
+    cases: list[tuple[str, int | Literal["auto"]]] = [("explicit", 4), ("auto", "auto")]
+    for name, m in cases:
         strategy = OptPipeStrategy(
             num_microbatches=m,
             schedule="1f1b",

@@ -30,8 +30,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import OptPipeStrategy, PipelineSpec
+from optpipe_lightning.strategy import PipelineSpec
 from optpipe_lightning.strategy.lightning.precision import activation_dtype
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 BATCH, M, DIM, N_LAYERS, STEPS = 8, 4, 8, 6, 4
 POISON_STEP = 1  # 16-mixed: layer 0's weight gradient is inf in this step (stage 0 only)
@@ -80,7 +81,9 @@ class Model(pl.LightningModule):
     def __init__(self, poison: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(_layers())
-        self.blocks[0][0].poison = poison
+        for m in self.blocks.modules():
+            if isinstance(m, PoisonLinear):
+                m.poison = poison
 
     def configure_pipeline(self) -> PipelineSpec:
         return PipelineSpec(layers=list(self.blocks), loss_fn=_loss)
@@ -270,7 +273,9 @@ def test_norm_clipping_over_stages_and_replicas(tmp_path: Path) -> None:
     as one device clips the whole dataset's gradient."""
     model = ReplicaModel()
     opt = model.configure_optimizers()
-    x, y = ReplicaModel().train_dataloader().dataset.tensors
+    ds = ReplicaModel().train_dataloader().dataset
+    assert isinstance(ds, TensorDataset)
+    x, y = ds.tensors
     norms = []
     for _ in range(2):  # 2 epochs = 2 optimizer steps
         opt.zero_grad()

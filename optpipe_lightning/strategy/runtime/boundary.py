@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .contract import LayerChain
+from .torch_adapter import is_view
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -39,7 +40,7 @@ def sendable(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         if not x.is_contiguous():
             return x.contiguous()
-        if x._is_view():
+        if is_view(x):
             return x.clone()
         return x
     if isinstance(x, tuple | list):

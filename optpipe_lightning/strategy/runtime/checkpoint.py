@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def local_state_keys(module: nn.Module, engine: PipelineEngine) -> set[str]:
     """The keys of ``module.state_dict()`` that belong to this rank's layer groups: under a
     layer that is a submodule of ``module``, or a parameter or buffer of a local layer (a
-    layer may wrap the module's own submodules without being one: ``strategy/hf.py``)."""
+    layer may wrap the module's own submodules without being one: ``strategy/runtime/hf.py``)."""
     names = {id(m): n for n, m in module.named_modules()}
     local_layers = {id(layer) for chain in engine.local_modules for layer in chain.layers}
     prefixes = [names[i] + "." for i in local_layers if i in names]

@@ -16,7 +16,7 @@ own stage from the hidden states' sequence length (a few small tensors per layer
 Use::
 
     from transformers import LlamaConfig, LlamaForCausalLM
-    from optpipe_lightning.strategy.hf import causal_lm_layers
+    from optpipe_lightning.strategy import causal_lm_layers
 
     class Module(pl.LightningModule):
         def __init__(self, config: LlamaConfig) -> None:
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .runtime.contract import ContractError
+from .contract import ContractError
 
 
 class HFEmbedding(nn.Module):
