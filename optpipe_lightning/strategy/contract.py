@@ -53,6 +53,9 @@ class PipelineSpec:
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None  # for modules without own steps
     split_batch: Callable[[Any], tuple[Any, Any]] | None = None
     layer_costs: Sequence[float] | None = None  # optional relative cost per layer (partitioning)
+    # the module's forward is the chain of ``layers``: skip the probe that checks it on the first
+    # microbatch (``chain_probe``; one forward of one microbatch where the module is)
+    forward_is_chain: bool = False
 
     def split(self, batch: Any) -> tuple[Any, Any]:
         return (self.split_batch or default_split_batch)(batch)

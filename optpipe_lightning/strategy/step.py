@@ -15,6 +15,7 @@ takes the 2-norm over every stage's gradients (one all-reduce over the pipeline)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from .chain_probe import probe_forward
 from .checkpoint import keep_local_optimizer_state
 from .microbatch import MicrobatchError, leading_size, shape_key, signature, split_batch
 from .module_steps import ModuleStep, StepPayload
@@ -48,6 +50,23 @@ class PipelinedSteps:
         self.guard = guard  # guard(True): collectives refuse while a step runs on one rank
         self.grads = GradientHandover()
         self._input_shape: Any = None  # the training pipeline's (torch fixes it on step 1)
+        self._chain_checked = False  # the module's forward was probed (``chain_probe``)
+
+    def check_chain(self, module: pl.LightningModule, sched: Scheduler, inputs: Any) -> None:
+        """Once, before the first pipeline is built: the module's forward must be the chain of
+        its layers (``chain_probe``; one line on every rank when it is not)."""
+        if self._chain_checked:
+            return
+        self._chain_checked = True
+        if sched.spec.forward_is_chain:
+            return
+        skipped = probe_forward(module, sched.spec.layers, tuple(inputs))
+        if skipped is not None and self.comm.is_global_zero:
+            warnings.warn(
+                f"optpipe: the check that {type(module).__name__}.forward is the chain of its "
+                f"layers did not run: {skipped}",
+                stacklevel=2,
+            )
 
     def train(
         self,
@@ -74,6 +93,8 @@ class PipelinedSteps:
         step = ModuleStep(module, "training_step", rest, kw, train=True, guard=self.guard)
         with context():
             arg_mbs = step.inputs(mbs)
+            if first:
+                self.check_chain(module, sched, arg_mbs[0])
         if first:
             self._input_shape = shape_key(arg_mbs[0])
             sched.build(m, leading_size(mbs[0]), self.comm.num_stages * self.comm.data_parallel)
@@ -134,6 +155,7 @@ class PipelinedSteps:
             key = shape_key(arg_mbs[0])
             if not sched.has_forward_pipeline(m, key):
                 check_same_batch(batch, self.comm)
+                self.check_chain(module, sched, arg_mbs[0])
             pipe = sched.forward_pipeline(m, key)
             pipe.run(arg_mbs, list(enumerate(mbs)), step.answer)
         payload = step.share(self.comm, pipe.last_rank)
