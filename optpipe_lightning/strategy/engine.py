@@ -24,6 +24,7 @@ from .offload import OffloadManager, StageWaits, execution_waits
 from .op_memory import CudaAllocator, OpMemoryWatch
 from .partition import group_bounds
 from .planner import forward_order, profiling_schedule
+from .shared_params import SharedGradients, shared_parameters
 from .stage import OptPipeStage, RankCursor
 from .torch_adapter import (
     check_lowering,
@@ -171,6 +172,11 @@ class PipelineEngine(_LossHook):
         self.local_groups, self.local_modules = _local_chains(
             self.layers, partition, problem, pp_rank, device
         )
+        # parameters shared by layers of several ranks (tied embeddings): one parameter
+        self.shared = SharedGradients(
+            shared_parameters(self.layers, partition, problem), pp_rank, pp_group
+        )
+        self.shared.broadcast_weights(device)
         params = [p for m in self.local_modules for p in m.parameters()]
         # one copy stream per direction unless the problem's channel is half duplex
         duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
@@ -272,7 +278,9 @@ class PipelineEngine(_LossHook):
 
     @property
     def parameters(self) -> list[nn.Parameter]:
-        return [p for m in self.local_modules for p in m.parameters()]
+        """This rank's parameters, each once (a tied weight may sit in two local chunks)."""
+        unique = {id(p): p for m in self.local_modules for p in m.parameters()}
+        return list(unique.values())
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -290,14 +298,17 @@ class PipelineEngine(_LossHook):
         last group's rank, whose loss is multiplied by ``grad_scale / M`` before its backward
         (``grad_scale = 1/accumulate_grad_batches`` reproduces Lightning's accumulation). Returns
         the microbatch losses (unscaled, detached) on the last group's rank, else nothing;
-        ``self.failure`` holds what a ``loss_fn`` raised.
+        ``self.failure`` holds what a ``loss_fn`` raised. A parameter shared by layers of
+        several ranks gets the sum of their gradients on each of them (``shared_params``).
         """
         m = self.problem.num_microbatches
         self.loss_scale = grad_scale / m
         self._begin(targets, loss_fn or self.user_loss)
         self.cursor.reset()
         args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
+        before = self.shared.grads_before()
         run_step(self.runtime, args, m)
+        self.shared.sum_gradients(self.device, before)
         self.cursor.step_done()
         if not self.cursor.finished():
             raise RuntimeError(

@@ -250,13 +250,20 @@ def average_over_replicas(
 
 
 def clip_grad_norm_over_pipeline(
-    params: Sequence[nn.Parameter], clip_val: float, comm: PipelineComm | None, device: torch.device
+    params: Sequence[nn.Parameter],
+    clip_val: float,
+    comm: PipelineComm | None,
+    device: torch.device,
+    counted_elsewhere: Sequence[nn.Parameter] = (),
 ) -> None:
-    """``clip_grad_norm_`` with the 2-norm over every stage's gradients (one all-reduce)."""
+    """``clip_grad_norm_`` with the 2-norm over every stage's gradients (one all-reduce); a
+    parameter in ``counted_elsewhere`` (shared, another rank counts it) is scaled, not counted."""
     grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p) for p in counted_elsewhere}
     sq = torch.zeros(1, device=device)
-    for g in grads:
-        sq += g.detach().float().pow(2).sum()
+    for p in params:
+        if p.grad is not None and id(p) not in skip:
+            sq += p.grad.detach().float().pow(2).sum()
     if comm is not None and comm.distributed and comm.pp_group is not None:
         dist.all_reduce(sq, group=comm.pp_group)
     coef = torch.clamp(float(clip_val) / (sq.sqrt() + 1e-6), max=1.0)
