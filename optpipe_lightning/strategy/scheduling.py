@@ -211,6 +211,7 @@ class Scheduler:
             self.comm.num_stages,
             self.num_chunks,
             self.partition,
+            placement=self.placement,
         )
         self.records.open(o)
         stored_json = self._stored_profile()
@@ -245,6 +246,8 @@ class Scheduler:
         stored = None
         if (log := self.records.active) is not None:
             stored = log.find_profile(self._hardware, self._model_fp)
+            if stored is not None and stored.placement != self.placement:
+                stored = None  # another layout's costs (the fingerprint's key also says so)
         return self.comm.broadcast(None if stored is None else stored.model_dump_json())
 
     def eval_microbatches(self, batch_size: int) -> int:
@@ -556,7 +559,7 @@ class Scheduler:
         move_to_partition(module, optimizers, self.engine, self.comm, self.device)
         self.partition, self.num_chunks, self.placement = partition, num_chunks, placement
         if self._model_fp is not None:
-            update = {"num_chunks": num_chunks, "partition": partition}
+            update = {"num_chunks": num_chunks, "partition": partition, "placement": placement}
             self._model_fp = self._model_fp.model_copy(update=update)
         self.engine.instrument_layers(False)
         base = self.shape_problem()
