@@ -1,0 +1,274 @@
+"""Nothing trains wrong silently (issue 37): batch statistics, buffers updated in forward, tied
+weights across stages, a forward that is not the layer chain, and the stored profile of another
+layout; each compared with one device (2 CPU processes, gloo, Lightning's fork launcher)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import optpipe_lightning  # noqa: F401  (registers "optpipe")
+from optpipe_lightning.schedule.profile import ModelFingerprint
+from optpipe_lightning.strategy import PipelineSpec
+from optpipe_lightning.strategy.contract import ContractError
+from optpipe_lightning.strategy.strategy import OptPipeStrategy
+
+BATCH, M, DIM, STEPS = 8, 4, 6, 3
+VOCAB, SEQ = 11, 5
+
+
+class Count(nn.Module):
+    """A buffer updated in forward: the samples this layer saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += x.shape[0]
+        return x
+
+
+def _bn_layers() -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [
+        nn.Sequential(nn.Linear(DIM, DIM), nn.BatchNorm1d(DIM), nn.Tanh()),
+        Count(),
+        nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()),
+        nn.Sequential(nn.Linear(DIM, DIM), nn.BatchNorm1d(DIM), nn.Tanh()),
+        Count(),
+        nn.Linear(DIM, 2),
+    ]
+
+
+class TiedHead(nn.Module):
+    """The LM head that reads the input embedding's weight (tied embeddings)."""
+
+    def __init__(self, embed: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = embed
+        self.bias = nn.Parameter(torch.zeros(VOCAB))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.embed.weight.t() + self.bias
+
+
+def _tied_layers() -> list[nn.Module]:
+    torch.manual_seed(0)
+    embed = nn.Embedding(VOCAB, DIM)
+    blocks: list[nn.Module] = [nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for _ in range(4)]
+    return [embed, *blocks, TiedHead(embed)]
+
+
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, y)
+
+
+def _xent(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+
+def _data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    if kind == "tied":
+        x = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=g)
+        return x[:, :-1], x[:, 1:]
+    return torch.randn(BATCH, DIM, generator=g), torch.randn(BATCH, 2, generator=g)
+
+
+class Net(pl.LightningModule):
+    """``kind``: "bn" (batch statistics and running counts), "tied" (tied embeddings)."""
+
+    def __init__(self, kind: str, forward_is_chain: bool = False) -> None:
+        super().__init__()
+        self.kind = kind
+        self.forward_is_chain = forward_is_chain
+        self.blocks = nn.ModuleList(_tied_layers() if kind == "tied" else _bn_layers())
+
+    def configure_pipeline(self) -> PipelineSpec:
+        return PipelineSpec(layers=list(self.blocks), forward_is_chain=self.forward_is_chain)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _chain(self.blocks, x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = (_xent if self.kind == "tied" else _mse)(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(*_data(self.kind)), batch_size=BATCH)
+
+
+class ActivationBetween(Net):
+    """A forward that is not the chain: an activation between two layers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](x)
+        return _chain(self.blocks[1:], torch.relu(h))
+
+
+def _chain(layers: Any, x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+def reference(kind: str, steps: int, clip: float | None = None) -> dict[str, torch.Tensor]:
+    """One device, the batch in M microbatches (gradient accumulation), as the pipeline runs."""
+    model = Net(kind)
+    opt = model.configure_optimizers()
+    x, y = _data(kind)
+    loss_fn = _xent if kind == "tied" else _mse
+    for _ in range(steps):
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(M), y.chunk(M), strict=True):
+            (loss_fn(model(xm), ym) / M).backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class Switches(pl.Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        strat = trainer.strategy
+        assert isinstance(strat, OptPipeStrategy)
+        sw = [(s["step"], s["to"], s["reason"]) for s in strat.switches]
+        Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(sw))
+
+
+def fit(model: Net, steps: int, tmp: Path | None = None, clip: float | None = None, **opts: Any):
+    opts.setdefault("use_database", False)
+    opts.setdefault("profile_steps", 0)
+    opts.setdefault("repartition", False)
+    strategy = OptPipeStrategy(
+        num_stages=2, num_microbatches=M, start_method="fork", online_resolve=False, **opts
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=clip,
+        # one replica: every rank sees the whole batch in the DataLoader's order (Lightning's
+        # distributed sampler would shuffle it, and batch statistics depend on the grouping)
+        use_distributed_sampler=False,
+        callbacks=[Switches(tmp)] if tmp is not None else [],
+    )
+    trainer.fit(model)
+    if tmp is None:
+        return None
+    return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _assert_state(model: nn.Module, ref: dict[str, torch.Tensor]) -> None:
+    state = model.state_dict()
+    assert set(state) == set(ref)
+    for k, v in ref.items():
+        if v.dtype.is_floating_point:
+            torch.testing.assert_close(state[k], v, atol=2e-5, rtol=0, msg=k)
+        else:
+            assert torch.equal(state[k], v), (k, state[k], v)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("schedule", "partition"), [("1f1b", [3, 3]), ("zbv", [2, 1, 1, 2])])
+def test_batch_statistics_and_running_counts_match_one_device(
+    schedule: str, partition: list[int]
+) -> None:
+    """Profiling (1 warm-up + 1 timed step) and torch's shape inference leave no trace: running
+    statistics, num_batches_tracked and a count updated in forward equal one device that
+    accumulates gradients over the same microbatches; the trained module evaluates as it does."""
+    ref = reference("bn", STEPS)
+    model = Net("bn")
+    fit(model, STEPS, schedule=schedule, partition=partition, profile_steps=1)
+    _assert_state(model, ref)
+    assert int(model.blocks[0][1].num_batches_tracked) == STEPS * M  # one update per microbatch
+    assert int(model.blocks[1].seen) == STEPS * BATCH  # 24 samples, not one microbatch more
+    one = Net("bn")
+    one.load_state_dict(ref)
+    x, _ = _data("bn")
+    torch.testing.assert_close(model.eval()(x), one.eval()(x), atol=2e-5, rtol=0)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])  # tied across ranks / within rank 0
+def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(schedule: str) -> None:
+    ref = reference("tied", STEPS, clip=0.05)
+    model = Net("tied")
+    fit(model, STEPS, clip=0.05, schedule=schedule)
+    assert model.blocks[0].weight is model.blocks[-1].embed.weight
+    _assert_state(model, ref)
+
+
+@pytest.mark.dist
+def test_a_forward_that_is_not_the_chain_is_refused_unless_declared() -> None:
+    with pytest.raises(
+        Exception,
+        match=r"ActivationBetween.forward is not the chain of "
+        r"configure_pipeline\(\)'s layers: the input of layer 1",
+    ):
+        fit(ActivationBetween("bn"), 1, schedule="1f1b")
+    ref = reference("bn", 1)  # the pipeline trains the chain, as the user declared
+    model = ActivationBetween("bn", forward_is_chain=True)
+    fit(model, 1, schedule="1f1b")
+    _assert_state(model, ref)
+
+
+def test_a_forward_failing_on_one_sample_microbatches_is_refused_in_one_line() -> None:
+    """BatchNorm on one-sample microbatches: the probe's one line, not a failure in a rank."""
+    model = Net("bn")
+    with pytest.raises(ContractError, match=r"failed on the first microbatch \(1 samples\)"):
+        from optpipe_lightning.strategy.chain_probe import probe_forward
+
+        probe_forward(model, list(model.blocks), (torch.randn(1, DIM),))
+
+
+def test_the_fingerprint_key_holds_the_placement_and_keeps_old_keys() -> None:
+    base = ModelFingerprint(
+        layer_structure=["Linear"], microbatch_size=2, num_stages=2, num_chunks=2, partition=[1]
+    )
+    old_key = base.key  # a fingerprint stored before the placement was recorded
+    v = base.model_copy(update={"placement": "vshape"})
+    i = base.model_copy(update={"placement": "interleaved"})
+    assert len({old_key, v.key, i.key}) == 3
+    assert ModelFingerprint.model_validate_json(base.model_dump_json()).key == old_key
+
+
+@pytest.mark.dist
+def test_a_stored_profile_of_another_placement_is_never_used(tmp_path: Path) -> None:
+    """After a zbv run (V placement), interleaved 1F1B on the same database profiles its own
+    layout (no NoScheduleError), and the next interleaved run reuses that one."""
+    url = f"sqlite:///{tmp_path / 'optpipe.db'}"
+    # a partition both placements run (each device's layers divide into its 2 chunks)
+    db = {"use_database": True, "database": url, "profile_steps": 1, "partition": [1, 1, 1, 3]}
+    for name, schedule, reason in [
+        ("zbv", "zbv", "profiled"),
+        ("il", "interleaved-1f1b", "profiled"),
+        ("il2", "interleaved-1f1b", "stored profile"),
+    ]:
+        out = tmp_path / name
+        out.mkdir()
+        ranks = fit(Net("bn"), 3, tmp=out, schedule=schedule, **db)
+        assert ranks is not None
+        assert [(to, why) for _, to, why in ranks[0]] == [(schedule, reason)], name
