@@ -20,6 +20,7 @@ from torch import nn
 
 from ..schedule import Problem, Schedule, simulate
 from .contract import LayerChain
+from .module_state import batch_stat_layers
 from .offload import OffloadManager, StageWaits, execution_waits
 from .op_memory import CudaAllocator, OpMemoryWatch
 from .partition import group_bounds
@@ -41,8 +42,13 @@ class ScheduleRejectedError(ValueError):
     """The schedule failed the simulator's validation or torch's lowering; it is never run."""
 
 
-def validate_for_execution(problem: Problem, schedule: Schedule) -> list[StageWaits]:
+def validate_for_execution(
+    problem: Problem, schedule: Schedule, ordered_groups: Sequence[int] = ()
+) -> list[StageWaits]:
     """The simulator's verdict (feasible) plus torch's lowering; raises with every reason.
+
+    ``ordered_groups``: layer groups whose forwards must run in microbatch order (they hold
+    layers with batch statistics, whose running statistics depend on the order of updates).
 
     Returns per stage the waits the executor honours (``offload.execution_waits``): where each
     offload leaves the device (list positions of a compute action and of the OFFLOAD whose copy
@@ -66,6 +72,15 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> list[StageWa
             f"schedule {schedule.generator!r}: the last layer group runs its forwards out of "
             "microbatch order, which torch's runtime cannot pair with their losses"
         )
+    for g in ordered_groups:
+        s, c = problem.group_table[g]
+        fs = [a.mb for a in schedule.actions[s] if a.op == "F" and a.chunk == c]
+        if fs != sorted(fs):
+            raise ScheduleRejectedError(
+                f"schedule {schedule.generator!r}: layer group {g} holds layers with batch "
+                "statistics and runs its forwards out of microbatch order (their running "
+                "statistics would differ from one device's)"
+            )
     try:
         check_lowering(problem, schedule.actions)
     except ValueError as e:
@@ -155,7 +170,11 @@ class PipelineEngine(_LossHook):
         offload_min_bytes: int = 0,
         measure: bool = False,
     ) -> None:
-        waits = validate_for_execution(schedule.problem or problem, schedule)
+        bounds = group_bounds(partition)
+        self.ordered_groups = [
+            g for g, (a, b) in enumerate(bounds) if batch_stat_layers(list(layers)[a:b])
+        ]
+        waits = validate_for_execution(schedule.problem or problem, schedule, self.ordered_groups)
         self.problem = problem
         self.schedule = schedule
         self.pp_rank = pp_rank
@@ -391,7 +410,7 @@ class PipelineEngine(_LossHook):
                 f"({', '.join(f'{k}={getattr(target, k)}' for k in shape)}); a switch keeps "
                 "stages, microbatches, chunks and placement"
             )
-        waits = validate_for_execution(target, schedule)
+        waits = validate_for_execution(target, schedule, self.ordered_groups)
         load_order(self.runtime, torch_order(target, schedule.actions))
         mine = waits[self.pp_rank]
         self.cursor.set_actions(schedule.actions[self.pp_rank], mine.settle, mine.reloads)

@@ -130,3 +130,21 @@ def test_preserved_state_puts_buffers_back_without_moving_version_counters() -> 
     assert batch_stat_layers([nn.Sequential(nn.Linear(3, 3), bn), nn.LayerNorm(3)]) == [
         "BatchNorm1d"
     ]
+
+
+def test_a_group_with_batch_statistics_must_run_its_forwards_in_microbatch_order() -> None:
+    """Running statistics depend on the order of their updates: a schedule that reorders the
+    forwards of such a group is refused (one device accumulates in microbatch order)."""
+    from optpipe_lightning.schedule import Problem
+    from optpipe_lightning.schedule.baselines import generate
+    from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_for_execution
+
+    one = Problem(num_stages=2, num_microbatches=2, t_f=1, t_b=1, t_w=1)
+    gpipe = generate("gpipe", one)
+    rows = [list(r) for r in gpipe.actions]
+    fs = [a for a in rows[0] if a.op == "F"]
+    rows[0] = [fs[1], fs[0], *(a for a in rows[0] if a.op != "F")]
+    swapped = gpipe.model_copy(update={"actions": rows, "evaluation": None})
+    validate_for_execution(one, swapped)  # nothing in group 0 depends on the order
+    with pytest.raises(ScheduleRejectedError, match="layer group 0 holds layers with batch"):
+        validate_for_execution(one, swapped, ordered_groups=[0])
