@@ -42,6 +42,7 @@ from .calibration import Calibrator
 from .contract import PipelineSpec
 from .engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
 from .forward_pipelines import ForwardPipelines
+from .module_state import batch_stat_layers
 from .op_memory import limits_less_reserve
 from .options import PipelineOptions
 from .partition import PartitionError, chunked_partition, stage_layers
@@ -157,7 +158,9 @@ class Scheduler:
     def training_microbatches(self, batch_size: int) -> int:
         """The training microbatch count for this batch size (``"auto"``: chosen here)."""
         p = self.comm.num_stages
-        return training_microbatches(self.options, p, batch_size, self.shape_problem)
+        # batch statistics over one sample are undefined: two or more per microbatch
+        least = 2 if batch_stat_layers(self.spec.layers) else 1
+        return training_microbatches(self.options, p, batch_size, self.shape_problem, least)
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``pipeline_problem.memory_limit``)."""

@@ -148,3 +148,21 @@ def test_a_group_with_batch_statistics_must_run_its_forwards_in_microbatch_order
     validate_for_execution(one, swapped)  # nothing in group 0 depends on the order
     with pytest.raises(ScheduleRejectedError, match="layer group 0 holds layers with batch"):
         validate_for_execution(one, swapped, ordered_groups=[0])
+
+
+def test_auto_microbatches_keep_two_samples_for_batch_statistics() -> None:
+    """A batch of 8 on 4 stages: 8 one-sample microbatches, but 4 of two with BatchNorm (when no
+    count leaves two, the usual one; the forward probe then names the size)."""
+    from optpipe_lightning.schedule import Problem
+    from optpipe_lightning.strategy.options import PipelineOptions
+    from optpipe_lightning.strategy.pipeline_problem import training_microbatches
+
+    options = PipelineOptions(schedule="1f1b")
+
+    def shape(m: int) -> Problem:
+        return Problem(num_stages=4, num_microbatches=m, t_f=1, t_b=1, t_w=1)
+
+    assert training_microbatches(options, 4, 8, shape) == 8
+    assert training_microbatches(options, 4, 8, shape, min_samples=2) == 4
+    assert training_microbatches(options, 4, 32, shape, min_samples=2) == 8
+    assert training_microbatches(options, 4, 4, shape, min_samples=2) == 4
