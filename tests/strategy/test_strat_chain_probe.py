@@ -14,6 +14,8 @@ from optpipe_lightning.strategy.module_state import batch_stat_layers, preserved
 class Count(nn.Module):
     """A buffer updated in forward: the samples it saw."""
 
+    seen: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("seen", torch.zeros((), dtype=torch.long))
@@ -105,7 +107,8 @@ def test_a_forward_that_fails_on_the_microbatch_is_one_line_naming_its_size() ->
         r"Expected more than 1 value per channel.*num_microbatches",
     ):
         check_forward_is_chain(net, net.layers, (torch.randn(1, 4),))
-    assert int(net.bn.num_batches_tracked) == 0 and int(net.count.seen) == 0
+    state = net.state_dict()
+    assert int(state["bn.num_batches_tracked"]) == 0 and int(state["count.seen"]) == 0
 
 
 def test_the_probe_runs_where_the_module_is_and_checks_structure_on_meta() -> None:
@@ -120,13 +123,15 @@ def test_the_probe_runs_where_the_module_is_and_checks_structure_on_meta() -> No
 
 def test_preserved_state_puts_buffers_back_without_moving_version_counters() -> None:
     bn = nn.BatchNorm1d(3)
+    mean, count = bn.running_mean, bn.num_batches_tracked
+    assert mean is not None and count is not None
     x = torch.randn(5, 3, requires_grad=True)
     with preserved_state([bn]):
-        y = bn(x) * bn.running_mean  # autograd saved the running mean for this backward
-        version = bn.running_mean._version
-    assert bn.running_mean._version == version
+        y = bn(x) * mean  # autograd saved the running mean for this backward
+        version = mean._version
+    assert mean._version == version
     y.sum().backward()  # the restore did not invalidate what autograd saved
-    assert torch.equal(bn.running_mean, torch.zeros(3)) and int(bn.num_batches_tracked) == 0
+    assert torch.equal(mean, torch.zeros(3)) and int(count) == 0
     assert batch_stat_layers([nn.Sequential(nn.Linear(3, 3), bn), nn.LayerNorm(3)]) == [
         "BatchNorm1d"
     ]

@@ -28,6 +28,8 @@ VOCAB, SEQ = 11, 5
 class Count(nn.Module):
     """A buffer updated in forward: the samples this layer saw."""
 
+    seen: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("seen", torch.zeros((), dtype=torch.long))
@@ -153,16 +155,23 @@ class Switches(pl.Callback):
         Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(sw))
 
 
-def fit(model: Net, steps: int, tmp: Path | None = None, clip: float | None = None, **opts: Any):
+def fit(
+    model: Net,
+    steps: int,
+    tmp: Path | None = None,
+    clip: float | None = None,
+    stages: int = 2,
+    **opts: Any,
+) -> list[Any] | None:
     opts.setdefault("use_database", False)
     opts.setdefault("profile_steps", 0)
     opts.setdefault("repartition", False)
     strategy = OptPipeStrategy(
-        num_stages=2, num_microbatches=M, start_method="fork", online_resolve=False, **opts
+        num_stages=stages, num_microbatches=M, start_method="fork", online_resolve=False, **opts
     )
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=stages,
         strategy=strategy,
         max_steps=steps,
         logger=False,
@@ -178,7 +187,7 @@ def fit(model: Net, steps: int, tmp: Path | None = None, clip: float | None = No
     trainer.fit(model)
     if tmp is None:
         return None
-    return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(stages)]
 
 
 def _assert_state(model: nn.Module, ref: dict[str, torch.Tensor]) -> None:
@@ -192,19 +201,23 @@ def _assert_state(model: nn.Module, ref: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("schedule", "partition"), [("1f1b", [3, 3]), ("zbv", [2, 1, 1, 2])])
+@pytest.mark.parametrize(
+    ("schedule", "partition", "stages"),
+    [("1f1b", [3, 3], 2), ("zbv", [2, 1, 1, 2], 2), ("zb-h1", None, 4)],
+)
 def test_batch_statistics_and_running_counts_match_one_device(
-    schedule: str, partition: list[int]
+    schedule: str, partition: list[int] | None, stages: int
 ) -> None:
     """Profiling (1 warm-up + 1 timed step) and torch's shape inference leave no trace: running
     statistics, num_batches_tracked and a count updated in forward equal one device that
     accumulates gradients over the same microbatches; the trained module evaluates as it does."""
     ref = reference("bn", STEPS)
     model = Net("bn")
-    fit(model, STEPS, schedule=schedule, partition=partition, profile_steps=1)
+    fit(model, STEPS, stages=stages, schedule=schedule, partition=partition, profile_steps=1)
     _assert_state(model, ref)
-    assert int(model.blocks[0][1].num_batches_tracked) == STEPS * M  # one update per microbatch
-    assert int(model.blocks[1].seen) == STEPS * BATCH  # 24 samples, not one microbatch more
+    state = model.state_dict()  # one update per microbatch; 24 samples, not one microbatch more
+    assert int(state["blocks.0.1.num_batches_tracked"]) == STEPS * M
+    assert int(state["blocks.1.seen"]) == STEPS * BATCH
     one = Net("bn")
     one.load_state_dict(ref)
     x, _ = _data("bn")
@@ -212,12 +225,19 @@ def test_batch_statistics_and_running_counts_match_one_device(
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])  # tied across ranks / within rank 0
-def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(schedule: str) -> None:
+@pytest.mark.parametrize(
+    ("schedule", "stages"),
+    # tied across 2 ranks / within rank 0 (V placement) / across ranks 0 and 3, split backward
+    [("1f1b", 2), ("zbv", 2), ("zb-h1", 4)],
+)
+def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
+    schedule: str, stages: int
+) -> None:
     ref = reference("tied", STEPS, clip=0.05)
     model = Net("tied")
-    fit(model, STEPS, clip=0.05, schedule=schedule)
-    assert model.blocks[0].weight is model.blocks[-1].embed.weight
+    fit(model, STEPS, clip=0.05, stages=stages, schedule=schedule)
+    head = model.blocks[-1]
+    assert isinstance(head, TiedHead) and model.blocks[0].weight is head.embed.weight
     _assert_state(model, ref)
 
 
@@ -261,7 +281,12 @@ def test_a_stored_profile_of_another_placement_is_never_used(tmp_path: Path) -> 
     layout (no NoScheduleError), and the next interleaved run reuses that one."""
     url = f"sqlite:///{tmp_path / 'optpipe.db'}"
     # a partition both placements run (each device's layers divide into its 2 chunks)
-    db = {"use_database": True, "database": url, "profile_steps": 1, "partition": [1, 1, 1, 3]}
+    db: dict[str, Any] = {
+        "use_database": True,
+        "database": url,
+        "profile_steps": 1,
+        "partition": [1, 1, 1, 3],
+    }
     for name, schedule, reason in [
         ("zbv", "zbv", "profiled"),
         ("il", "interleaved-1f1b", "profiled"),
