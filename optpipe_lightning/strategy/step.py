@@ -50,14 +50,16 @@ class PipelinedSteps:
         self.guard = guard  # guard(True): collectives refuse while a step runs on one rank
         self.grads = GradientHandover()
         self._input_shape: Any = None  # the training pipeline's (torch fixes it on step 1)
-        self._chain_checked = False  # the module's forward was probed (``chain_probe``)
+        # the modes (training or not) the module's forward was probed in (``chain_probe``)
+        self._chain_checked: set[bool] = set()
 
     def check_chain(self, module: pl.LightningModule, sched: Scheduler, inputs: Any) -> None:
-        """Once, before the first pipeline is built: the module's forward must be the chain of
+        """Once per mode (the sanity check's evaluation comes before the first training batch),
+        before that mode's first pipeline is built: the module's forward must be the chain of
         its layers (``chain_probe``; one line on every rank when it is not)."""
-        if self._chain_checked:
+        if module.training in self._chain_checked:
             return
-        self._chain_checked = True
+        self._chain_checked.add(module.training)
         if sched.spec.forward_is_chain:
             return
         skipped = probe_forward(module, sched.spec.layers, tuple(inputs))
