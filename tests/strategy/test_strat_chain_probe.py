@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from optpipe_lightning.strategy.chain_probe import check_forward_is_chain, probe_forward
-from optpipe_lightning.strategy.contract import ContractError
-from optpipe_lightning.strategy.module_state import batch_stat_layers, preserved_state
+from optpipe_lightning.strategy.runtime.chain_probe import check_forward_is_chain, probe_forward
+from optpipe_lightning.strategy.runtime.contract import ContractError
+from optpipe_lightning.strategy.runtime.module_state import batch_stat_layers, preserved_state
 
 
 class Count(nn.Module):
@@ -142,7 +142,10 @@ def test_a_group_with_batch_statistics_must_run_its_forwards_in_microbatch_order
     forwards of such a group is refused (one device accumulates in microbatch order)."""
     from optpipe_lightning.schedule import Problem
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_for_execution
+    from optpipe_lightning.strategy.runtime.engine import (
+        ScheduleRejectedError,
+        validate_for_execution,
+    )
 
     one = Problem(num_stages=2, num_microbatches=2, t_f=1, t_b=1, t_w=1)
     gpipe = generate("gpipe", one)
@@ -159,8 +162,8 @@ def test_auto_microbatches_keep_two_samples_for_batch_statistics() -> None:
     """A batch of 8 on 4 stages: 8 one-sample microbatches, but 4 of two with BatchNorm (when no
     count leaves two, the usual one; the forward probe then names the size)."""
     from optpipe_lightning.schedule import Problem
-    from optpipe_lightning.strategy.options import PipelineOptions
-    from optpipe_lightning.strategy.pipeline_problem import training_microbatches
+    from optpipe_lightning.strategy.planning.options import PipelineOptions
+    from optpipe_lightning.strategy.scheduling.pipeline_problem import training_microbatches
 
     options = PipelineOptions(schedule="1f1b")
 

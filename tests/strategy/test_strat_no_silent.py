@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
 from optpipe_lightning.schedule.profile import ModelFingerprint
 from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.contract import ContractError
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.runtime.contract import ContractError
 
 BATCH, M, DIM, STEPS = 8, 4, 6, 3
 VOCAB, SEQ = 11, 5
@@ -259,7 +259,7 @@ def test_a_forward_failing_on_one_sample_microbatches_is_refused_in_one_line() -
     """BatchNorm on one-sample microbatches: the probe's one line, not a failure in a rank."""
     model = Net("bn")
     with pytest.raises(ContractError, match=r"failed on the first microbatch \(1 samples\)"):
-        from optpipe_lightning.strategy.chain_probe import probe_forward
+        from optpipe_lightning.strategy.runtime.chain_probe import probe_forward
 
         probe_forward(model, list(model.blocks), (torch.randn(1, DIM),))
 
