@@ -161,17 +161,23 @@ def fit(
     tmp: Path | None = None,
     clip: float | None = None,
     stages: int = 2,
+    replicas: int = 1,
     **opts: Any,
 ) -> list[Any] | None:
     opts.setdefault("use_database", False)
     opts.setdefault("profile_steps", 0)
     opts.setdefault("repartition", False)
     strategy = OptPipeStrategy(
-        num_stages=stages, num_microbatches=M, start_method="fork", online_resolve=False, **opts
+        num_stages=stages,
+        data_parallel=replicas,
+        num_microbatches=M,
+        start_method="fork",
+        online_resolve=False,
+        **opts,
     )
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=stages,
+        devices=stages * replicas,
         strategy=strategy,
         max_steps=steps,
         logger=False,
@@ -179,8 +185,9 @@ def fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=clip,
-        # one replica: every rank sees the whole batch in the DataLoader's order (Lightning's
-        # distributed sampler would shuffle it, and batch statistics depend on the grouping)
+        # every rank sees the whole batch in the DataLoader's order (Lightning's distributed
+        # sampler would shuffle it, and batch statistics depend on the grouping; replicas then
+        # average equal gradients, which one device's match)
         use_distributed_sampler=False,
         callbacks=[Switches(tmp)] if tmp is not None else [],
     )
@@ -226,16 +233,17 @@ def test_batch_statistics_and_running_counts_match_one_device(
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("schedule", "stages"),
-    # tied across 2 ranks / within rank 0 (V placement) / across ranks 0 and 3, split backward
-    [("1f1b", 2), ("zbv", 2), ("zb-h1", 4)],
+    ("schedule", "stages", "replicas"),
+    # tied across 2 ranks / within rank 0 (V placement) / across ranks 0 and 3 with the split
+    # backward / in 2 replicas of 2 stages (a holders' group per replica)
+    [("1f1b", 2, 1), ("zbv", 2, 1), ("zb-h1", 4, 1), ("1f1b", 2, 2)],
 )
 def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
-    schedule: str, stages: int
+    schedule: str, stages: int, replicas: int
 ) -> None:
     ref = reference("tied", STEPS, clip=0.05)
     model = Net("tied")
-    fit(model, STEPS, clip=0.05, stages=stages, schedule=schedule)
+    fit(model, STEPS, clip=0.05, stages=stages, replicas=replicas, schedule=schedule)
     head = model.blocks[-1]
     assert isinstance(head, TiedHead) and model.blocks[0].weight is head.embed.weight
     _assert_state(model, ref)

@@ -193,9 +193,9 @@ class PipelineEngine(_LossHook):
         )
         # parameters shared by layers of several ranks (tied embeddings): one parameter
         self.shared = SharedGradients(
-            shared_parameters(self.layers, partition, problem), pp_rank, pp_group
+            shared_parameters(self.layers, partition, problem), pp_rank, problem.num_stages
         )
-        self.shared.broadcast_weights(device)
+        self.shared.broadcast_weights()
         params = [p for m in self.local_modules for p in m.parameters()]
         # one copy stream per direction unless the problem's channel is half duplex
         duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
@@ -327,7 +327,7 @@ class PipelineEngine(_LossHook):
         args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
         before = self.shared.grads_before()
         run_step(self.runtime, args, m)
-        self.shared.sum_gradients(self.device, before)
+        self.shared.sum_gradients(before)
         self.cursor.step_done()
         if not self.cursor.finished():
             raise RuntimeError(

@@ -4,7 +4,7 @@ A parameter that several layers use (the input embedding and the LM head sharing
 is one tensor on one device. In the pipeline, when those layers sit in layer groups of different
 ranks, every such rank holds its own copy and computes only its layers' part of the gradient.
 As torchtitan and Megatron-LM do for tied embeddings, after each pipeline step the holders sum
-their parts (an all-reduce over the pipeline group; ranks that do not hold it add zeros), so
+their parts (an all-reduce among the holders only, in a process group of their own), so
 every copy gets the whole gradient one device computes; the optimizer then makes the same update
 on every copy, and the copies stay equal (they start equal: the first holder's values are
 broadcast when the engine is built). Layer groups of one rank (the V placement's first and last
@@ -56,12 +56,29 @@ def shared_parameters(
 
 
 class SharedGradients:
-    """This rank's part in keeping the shared parameters one parameter."""
+    """This rank's part in keeping the shared parameters one parameter.
 
-    def __init__(self, shared: Sequence[SharedParameter], pp_rank: int, pp_group: object) -> None:
+    The holders of a shared parameter talk in a process group of their own (one per holder set
+    and pipeline replica, made when the engine is built, by every rank of the world in one
+    order, as ``process_groups.make_groups`` makes the pipelines: world rank ``r * p + s`` is
+    stage ``s`` of replica ``r``), so a tied embedding's gradient crosses only the ranks that
+    hold it.
+    """
+
+    def __init__(self, shared: Sequence[SharedParameter], pp_rank: int, num_stages: int) -> None:
         self.shared = list(shared)
         self.pp_rank = pp_rank
-        self.pp_group = pp_group
+        self.groups: dict[tuple[int, ...], object] = {}
+        if not self.active:
+            return
+        p = num_stages
+        replicas = dist.get_world_size() // p
+        mine = dist.get_rank() // p
+        for holders in dict.fromkeys(s.holders for s in self.shared):
+            for r in range(replicas):
+                group = dist.new_group([r * p + h for h in holders])
+                if r == mine and pp_rank in holders:
+                    self.groups[holders] = group
 
     @property
     def active(self) -> bool:
@@ -71,15 +88,13 @@ class SharedGradients:
         """Shared parameters whose norm another rank counts (norm clipping)."""
         return [s.param for s in self.shared if self.pp_rank in s.holders[1:]]
 
-    def broadcast_weights(self, device: torch.device) -> None:
-        """Every holder takes the first holder's values (a collective over the pipeline)."""
-        if not self.active:
-            return
-        for s in self.shared:
-            p = s.param
-            mine = self.pp_rank in s.holders
-            buf = p.data if mine else torch.empty(p.shape, dtype=p.dtype, device=device)
-            dist.broadcast(buf, group=self.pp_group, group_src=s.holders[0])  # type: ignore[arg-type]
+    def _held(self) -> list[tuple[SharedParameter, object]]:
+        return [(s, self.groups[s.holders]) for s in self.shared if s.holders in self.groups]
+
+    def broadcast_weights(self) -> None:
+        """Every holder takes the first holder's values (a collective of the holders)."""
+        for s, group in self._held():
+            dist.broadcast(s.param.data, group=group, group_src=0)  # type: ignore[arg-type]
 
     def grads_before(self) -> list[torch.Tensor | None]:
         """The shared parameters' ``.grad`` before a step (what earlier steps accumulated)."""
@@ -87,19 +102,16 @@ class SharedGradients:
             s.param.grad.detach().clone() if s.param.grad is not None else None for s in self.shared
         ]
 
-    def sum_gradients(self, device: torch.device, before: Sequence[torch.Tensor | None]) -> None:
+    def sum_gradients(self, before: Sequence[torch.Tensor | None]) -> None:
         """What this step added to each holder's ``.grad`` becomes the sum of what it added on
-        all holders (a collective; ``before``: ``grads_before()``, so gradients accumulated over
-        earlier steps are not summed again)."""
-        if not self.active:
-            return
-        for s, old in zip(self.shared, before, strict=True):
-            p = s.param
-            mine = self.pp_rank in s.holders
-            if mine and p.grad is not None:
-                delta = p.grad.detach() - old if old is not None else p.grad.detach().clone()
+        all holders (a collective of the holders; ``before``: ``grads_before()``, so gradients
+        accumulated over earlier steps are not summed again)."""
+        olds = {id(s.param): old for s, old in zip(self.shared, before, strict=True)}
+        for s, group in self._held():
+            p, old = s.param, olds[id(s.param)]
+            if p.grad is None:
+                delta = torch.zeros_like(p)
             else:
-                delta = torch.zeros(p.shape, dtype=p.dtype, device=p.device if mine else device)
-            dist.all_reduce(delta, group=self.pp_group)
-            if mine:
-                p.grad = delta if old is None else old + delta
+                delta = p.grad.detach() - old if old is not None else p.grad.detach().clone()
+            dist.all_reduce(delta, group=group)
+            p.grad = delta if old is None else old + delta
