@@ -35,7 +35,8 @@ class Count(nn.Module):
         self.register_buffer("seen", torch.zeros((), dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.seen += x.shape[0]
+        if self.training:
+            self.seen += x.shape[0]
         return x
 
 
@@ -114,6 +115,33 @@ class Net(pl.LightningModule):
         return DataLoader(TensorDataset(*_data(self.kind)), batch_size=BATCH)
 
 
+class WithValidation(Net):
+    """Validation through the forward-only pipeline (in eval mode: running statistics)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", _mse(self(x), y))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(*_val_data()), batch_size=BATCH)
+
+
+def _val_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(8)
+    return torch.randn(BATCH, DIM, generator=g), torch.randn(BATCH, 2, generator=g)
+
+
+class ValLosses(pl.Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.seen: list[tuple[int, float]] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.seen.append((trainer.global_step, float(trainer.callback_metrics["val_loss"])))
+            Path(self.out, f"val{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
 class ActivationBetween(Net):
     """A forward that is not the chain: an activation between two layers."""
 
@@ -128,8 +156,11 @@ def _chain(layers: Any, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def reference(kind: str, steps: int, clip: float | None = None) -> dict[str, torch.Tensor]:
-    """One device, the batch in M microbatches (gradient accumulation), as the pipeline runs."""
+def reference(
+    kind: str, steps: int, clip: float | None = None, val_losses: list[float] | None = None
+) -> dict[str, torch.Tensor]:
+    """One device, the batch in M microbatches (gradient accumulation), as the pipeline runs;
+    ``val_losses`` gets the validation loss (eval mode) after each step."""
     model = Net(kind)
     opt = model.configure_optimizers()
     x, y = _data(kind)
@@ -141,6 +172,12 @@ def reference(kind: str, steps: int, clip: float | None = None) -> dict[str, tor
         if clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
+        if val_losses is not None:
+            vx, vy = _val_data()
+            model.eval()
+            with torch.no_grad():
+                val_losses.append(float(_mse(model(vx), vy)))
+            model.train()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -162,6 +199,7 @@ def fit(
     clip: float | None = None,
     stages: int = 2,
     replicas: int = 1,
+    callbacks: list[pl.Callback] | None = None,
     **opts: Any,
 ) -> list[Any] | None:
     opts.setdefault("use_database", False)
@@ -189,7 +227,7 @@ def fit(
         # sampler would shuffle it, and batch statistics depend on the grouping; replicas then
         # average equal gradients, which one device's match)
         use_distributed_sampler=False,
-        callbacks=[Switches(tmp)] if tmp is not None else [],
+        callbacks=[Switches(tmp)] if tmp is not None else (callbacks or []),
     )
     trainer.fit(model)
     if tmp is None:
@@ -229,6 +267,23 @@ def test_batch_statistics_and_running_counts_match_one_device(
     one.load_state_dict(ref)
     x, _ = _data("bn")
     torch.testing.assert_close(model.eval()(x), one.eval()(x), atol=2e-5, rtol=0)
+
+
+@pytest.mark.dist
+def test_validation_through_the_pipeline_uses_the_running_statistics_of_one_device(
+    tmp_path: Path,
+) -> None:
+    """The sanity check, then a validation after every step (one batch per epoch), through the
+    forward-only pipeline in eval mode: each val_loss is one device's after as many steps."""
+    val: list[float] = []
+    ref = reference("bn", STEPS, val_losses=val)
+    model = WithValidation("bn")
+    fit(model, STEPS, callbacks=[ValLosses(tmp_path)], schedule="1f1b", partition=[3, 3])
+    _assert_state(model, ref)
+    for r in range(2):
+        got = json.loads(Path(tmp_path, f"val{r}.json").read_text())
+        assert [s for s, _ in got] == list(range(1, len(got) + 1)) and len(got) >= STEPS - 1
+        assert [v for _, v in got] == pytest.approx(val[: len(got)], abs=1e-5)
 
 
 @pytest.mark.dist
