@@ -14,7 +14,9 @@ class GPT(L.LightningModule):
 
 Layer ``i + 1`` takes what layer ``i`` returns (a tuple is spread as positional arguments); the
 first layer takes the inputs the step passes to ``self(...)``. Every trainable parameter of the
-module must belong to one of the layers. A module without its own ``training_step`` (or
+module must belong to one of the layers (one used by several layers, a tied embedding, is kept
+one parameter: ``shared_params``). A module's own ``forward`` must be that chain (checked on the
+first microbatch by ``chain_probe``; ``forward_is_chain=True`` skips the check). A module without its own ``training_step`` (or
 ``validation_step``, ``test_step``) gives ``loss_fn(last_output, targets)``, the (mean-reduced)
 loss of one microbatch, and optionally ``split_batch`` (batch -> (inputs, targets)); the strategy
 then runs that loss as the step and logs ``train_loss`` / ``val_loss`` / ``test_loss``.
