@@ -341,7 +341,9 @@ def test_the_fingerprint_key_holds_the_placement_and_keeps_old_keys() -> None:
 @pytest.mark.dist
 def test_a_stored_profile_of_another_placement_is_never_used(tmp_path: Path) -> None:
     """After a zbv run (V placement), interleaved 1F1B on the same database profiles its own
-    layout (no NoScheduleError), and the next interleaved run reuses that one."""
+    layout (no NoScheduleError), and the next interleaved run reuses that one; every run
+    trains as one device does."""
+    ref = reference("bn", STEPS)
     url = f"sqlite:///{tmp_path / 'optpipe.db'}"
     # a partition both placements run (each device's layers divide into its 2 chunks)
     db: dict[str, Any] = {
@@ -357,6 +359,8 @@ def test_a_stored_profile_of_another_placement_is_never_used(tmp_path: Path) -> 
     ]:
         out = tmp_path / name
         out.mkdir()
-        ranks = fit(Net("bn"), 3, tmp=out, schedule=schedule, **db)
+        model = Net("bn")
+        ranks = fit(model, STEPS, tmp=out, schedule=schedule, **db)
         assert ranks is not None
         assert [(to, why) for _, to, why in ranks[0]] == [(schedule, reason)], name
+        _assert_state(model, ref)
