@@ -286,22 +286,50 @@ def test_validation_through_the_pipeline_uses_the_running_statistics_of_one_devi
         assert [v for _, v in got] == pytest.approx(val[: len(got)], abs=1e-5)
 
 
+class TiedCopies(pl.Callback):
+    """Each rank's own copy of the tied weight as training ends (before the strategy hands every
+    rank the whole model)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        weight = pl_module.state_dict()["blocks.0.weight"].detach().cpu()
+        torch.save(weight, Path(self.out, f"tied{trainer.global_rank}.pt"))
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("schedule", "stages", "replicas"),
+    ("schedule", "stages", "replicas", "holders"),
     # tied across 2 ranks / within rank 0 (V placement) / across ranks 0 and 3 with the split
     # backward / in 2 replicas of 2 stages (a holders' group per replica)
-    [("1f1b", 2, 1), ("zbv", 2, 1), ("zb-h1", 4, 1), ("1f1b", 2, 2)],
+    [
+        ("1f1b", 2, 1, [0, 1]),
+        ("zbv", 2, 1, [0]),
+        ("zb-h1", 4, 1, [0, 3]),
+        ("1f1b", 2, 2, [0, 1, 2, 3]),
+    ],
 )
 def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
-    schedule: str, stages: int, replicas: int
+    schedule: str, stages: int, replicas: int, holders: list[int], tmp_path: Path
 ) -> None:
     ref = reference("tied", STEPS, clip=0.05)
     model = Net("tied")
-    fit(model, STEPS, clip=0.05, stages=stages, replicas=replicas, schedule=schedule)
+    fit(
+        model,
+        STEPS,
+        clip=0.05,
+        stages=stages,
+        replicas=replicas,
+        callbacks=[TiedCopies(tmp_path)],
+        schedule=schedule,
+    )
     head = model.blocks[-1]
     assert isinstance(head, TiedHead) and model.blocks[0].weight is head.embed.weight
     _assert_state(model, ref)
+    for r in holders:  # every holder's own copy is one device's weight (the copies stay equal)
+        copy = torch.load(tmp_path / f"tied{r}.pt")
+        torch.testing.assert_close(copy, ref["blocks.0.weight"], atol=2e-5, rtol=0, msg=str(r))
 
 
 @pytest.mark.dist
