@@ -308,6 +308,7 @@ class TiedCopies(pl.Callback):
         ("zbv", 2, 1, [0]),
         ("zb-h1", 4, 1, [0, 3]),
         ("1f1b", 2, 2, [0, 1, 2, 3]),
+        ("sharded", 2, 1, [0, 1]),  # each rank holds only its layers: the tied weight stays
     ],
 )
 def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
@@ -315,6 +316,8 @@ def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
 ) -> None:
     ref = reference("tied", STEPS, clip=0.05)
     model = Net("tied")
+    sharded = schedule == "sharded"
+    extra: dict[str, Any] = {"shard_model": True, "full_model_after_fit": True} if sharded else {}
     fit(
         model,
         STEPS,
@@ -322,7 +325,8 @@ def test_tied_embeddings_train_as_on_one_device_with_norm_clipping(
         stages=stages,
         replicas=replicas,
         callbacks=[TiedCopies(tmp_path)],
-        schedule=schedule,
+        schedule="1f1b" if sharded else schedule,
+        **extra,
     )
     head = model.blocks[-1]
     assert isinstance(head, TiedHead) and model.blocks[0].weight is head.embed.weight

@@ -188,12 +188,13 @@ class PipelineEngine(_LossHook):
         self.async_loss = False
         self._loss_handout: tuple[Any, torch.Tensor] | None = None  # (work, tensor) in flight
         self.layers = list(layers)
-        self.local_groups, self.local_modules = _local_chains(
-            self.layers, partition, problem, pp_rank, device
-        )
         # parameters shared by layers of several ranks (tied embeddings): one parameter
         self.shared = SharedGradients(
             shared_parameters(self.layers, partition, problem), pp_rank, problem.num_stages
+        )
+        self.shared.allocate_dropped(device)
+        self.local_groups, self.local_modules = _local_chains(
+            self.layers, partition, problem, pp_rank, device
         )
         self.shared.broadcast_weights()
         params = [p for m in self.local_modules for p in m.parameters()]

@@ -7,7 +7,8 @@ As torchtitan and Megatron-LM do for tied embeddings, after each pipeline step t
 their parts (an all-reduce among the holders only, in a process group of their own), so
 every copy gets the whole gradient one device computes; the optimizer then makes the same update
 on every copy, and the copies stay equal (they start equal: the first holder's values are
-broadcast when the engine is built). Layer groups of one rank (the V placement's first and last
+broadcast when the engine is built; a holder whose copy a sharded model dropped gets storage
+for them). Layer groups of one rank (the V placement's first and last
 group) share the tensor itself: autograd sums there already. Norm clipping counts a shared
 parameter once (on its first holder).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,7 +70,7 @@ class SharedGradients:
     def __init__(self, shared: Sequence[SharedParameter], pp_rank: int, num_stages: int) -> None:
         self.shared = list(shared)
         self.pp_rank = pp_rank
-        self.groups: dict[tuple[int, ...], object] = {}
+        self.groups: dict[tuple[int, ...], Any] = {}
         if not self.active:
             return
         p = num_stages
@@ -88,13 +90,33 @@ class SharedGradients:
         """Shared parameters whose norm another rank counts (norm clipping)."""
         return [s.param for s in self.shared if self.pp_rank in s.holders[1:]]
 
-    def _held(self) -> list[tuple[SharedParameter, object]]:
+    def _held(self) -> list[tuple[SharedParameter, Any]]:
         return [(s, self.groups[s.holders]) for s in self.shared if s.holders in self.groups]
 
+    def allocate_dropped(self, device: torch.device) -> None:
+        """A holder whose copy is on the meta device (a sharded model drops the layer that
+        registers the weight on the ranks that do not run it) gets storage on ``device``;
+        ``broadcast_weights`` then fills it. Call before the layers move to the device."""
+        self._had_values = {}
+        for s, _group in self._held():
+            p = s.param
+            self._had_values[id(p)] = not p.is_meta
+            if p.is_meta:
+                new = nn.Parameter(torch.empty_like(p, device=device), p.requires_grad)
+                torch.utils.swap_tensors(p, new)
+
     def broadcast_weights(self) -> None:
-        """Every holder takes the first holder's values (a collective of the holders)."""
+        """Every holder takes the values of the first holder that has them (a collective of
+        the holders)."""
+        had = getattr(self, "_had_values", {})
         for s, group in self._held():
-            dist.broadcast(s.param.data, group=group, group_src=0)  # type: ignore[arg-type]
+            n = len(s.holders)
+            mine = s.holders.index(self.pp_rank) if had.get(id(s.param), True) else n
+            src = torch.tensor([mine], dtype=torch.long, device=s.param.device)
+            dist.all_reduce(src, op=dist.ReduceOp.MIN, group=group)
+            if int(src) == n:
+                raise RuntimeError(f"no rank holds the values of shared parameter {s.name}")
+            dist.broadcast(s.param.data, group=group, group_src=int(src))
 
     def grads_before(self) -> list[torch.Tensor | None]:
         """The shared parameters' ``.grad`` before a step (what earlier steps accumulated)."""
