@@ -73,14 +73,15 @@ def training_microbatches(
     num_stages: int,
     batch_size: int,
     shape: Callable[[int], Problem],
+    min_samples: int = 1,
     one_sample_refused: str | None = None,
 ) -> int:
     """The training microbatch count for this batch size (``"auto"``: chosen here, the
-    smallest count a named schedule runs with on the pipeline's ``shape``).
-
-    ``one_sample_refused`` names a layer that cannot train on one sample (``one_sample_layer``):
-    ``"auto"`` then keeps two or more samples per microbatch, and a count that leaves one is
-    refused with one line naming the fix (before any rank runs the pipeline)."""
+    smallest count a named schedule runs with on the pipeline's ``shape``; among the counts
+    that leave ``min_samples`` samples per microbatch when there are such: layers with batch
+    statistics need two). ``one_sample_refused`` names a layer that cannot run on one sample
+    (``one_sample_layer``): a count that leaves one is refused with one line naming the fix,
+    before any rank runs the pipeline (it would fail inside one rank while the others wait)."""
     p, requested = num_stages, options.num_microbatches
     if isinstance(requested, int):
         if batch_size % requested != 0:
@@ -107,8 +108,6 @@ def training_microbatches(
         )
 
     def runs_with(m: int) -> bool:
-        if one_sample_refused and batch_size // m < 2:
-            return False
         if options.schedule == "optimal":
             return True
         try:
@@ -117,6 +116,13 @@ def training_microbatches(
             return False
         return True
 
+    if min_samples > 1:
+        try:
+            return choose_microbatches(
+                batch_size, p, lambda m: batch_size // m >= min_samples and runs_with(m)
+            )
+        except ValueError:
+            pass  # none leaves enough: the usual choice (the forward probe names the size)
     try:
         return choose_microbatches(batch_size, p, runs_with)
     except ValueError as e:
