@@ -73,7 +73,9 @@ class LlamaLM(pl.LightningModule):
         self.samples = samples
 
     def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=causal_lm_layers(self.model))
+        # the wrappers compute the model's forward (tested equal); the model's own forward does
+        # not call them, so the chain probe is told
+        return PipelineSpec(layers=causal_lm_layers(self.model), forward_is_chain=True)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids).logits

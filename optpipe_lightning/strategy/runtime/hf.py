@@ -24,7 +24,7 @@ Use::
             self.model = LlamaForCausalLM(config)
 
         def configure_pipeline(self) -> PipelineSpec:
-            return PipelineSpec(layers=causal_lm_layers(self.model))
+            return PipelineSpec(layers=causal_lm_layers(self.model), forward_is_chain=True)
 
         def forward(self, input_ids):
             return self.model(input_ids).logits  # one device; the pipeline computes the same
