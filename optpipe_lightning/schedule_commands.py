@@ -75,12 +75,18 @@ def compare(
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
         candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
-        for name in BASELINE_NAMES:
-            if time.perf_counter() > budget.baselines_until:  # none starts after its share
+        from .solver.candidates import STRONGEST_BASELINES, baseline_order
+
+        made_by: dict[str, list[Schedule]] = {}
+        for name in baseline_order(problem):  # the strongest first under a memory limit
+            until = (
+                budget.strongest_until if name in STRONGEST_BASELINES else budget.baselines_until
+            )
+            if time.perf_counter() > until:  # none starts after its share
                 skipped[name] = budget.stopped
                 continue
             try:
-                with deadline_at(budget.baselines_until):
+                with deadline_at(until):
                     made = generate_chunked(name, problem)
             except NotApplicable as e:
                 skipped[name] = str(e)
@@ -91,8 +97,13 @@ def compare(
             except (ImportError, AttributeError):
                 skipped[name] = "not available in this build"
                 continue
-            candidates += made
-            rows.append(schedule_row(name, best_schedule(made), bound))
+            made_by[name] = made
+        # rows (and reasons) in the usual order, whatever order they were computed in
+        skipped = {n: skipped[n] for n in BASELINE_NAMES if n in skipped}
+        for name in BASELINE_NAMES:
+            if name in made_by:
+                candidates += made_by[name]
+                rows.append(schedule_row(name, best_schedule(made_by[name]), bound))
         if not no_solve:
             result = run_solver(
                 problem,
@@ -180,6 +191,7 @@ def baseline(
     ] = 60.0,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
+    started = time.perf_counter()  # the limit counts from here, reading the problem included
     with user_errors():
         problem = load_problem(problem_path)
         check_size(problem, "baseline")
@@ -189,7 +201,9 @@ def baseline(
 
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
-        budget = CompareBudget(problem, time_limit, solving=False)
+        budget = CompareBudget(
+            problem, time_limit, solving=False, started=started, command="baseline"
+        )
         try:
             with deadline_at(budget.baselines_until):
                 sched = generate(name, problem)

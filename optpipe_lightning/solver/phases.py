@@ -95,6 +95,8 @@ class SearchArgs:
     deterministic_time: float | None
     use_baselines: bool
     lns: bool = True
+    # baselines the caller computed already (given as candidates): never run again here
+    given_baselines: frozenset[str] = frozenset()
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -171,6 +173,7 @@ def screen(
                 budget,
                 unfinished=scr.unfinished,
                 interrupted=scr.interrupted,
+                exclude=args.given_baselines,
             ):
                 bests[ch].offer(sched, f"baseline:{name}")
         # one line per chunking (its pipeline, if it is the best, runs what is left)
@@ -245,6 +248,7 @@ def run_pipeline(
                 budget,
                 unfinished=unfinished,
                 interrupted=interrupted,
+                exclude=args.given_baselines,
             ):
                 best.offer(sched, f"baseline:{name}")
     if interrupted and not stopped() and gap_open():
@@ -259,6 +263,7 @@ def run_pipeline(
                 budget,
                 names=interrupted,
                 unfinished=unfinished,
+                exclude=args.given_baselines,
             ):
                 best.offer(sched, f"baseline:{name}")
 
@@ -311,7 +316,9 @@ def run_pipeline(
     until = budget.end - min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
     if unfinished and not proven_optimal and not stopped() and time.perf_counter() < until:
         with budget.phase("baselines (in the time left)"):
-            for name, sched in baseline_schedules(problem, until, budget, names=unfinished):
+            for name, sched in baseline_schedules(
+                problem, until, budget, names=unfinished, exclude=args.given_baselines
+            ):
                 best.offer(sched, f"baseline:{name}")
     return used, proven_optimal, message
 

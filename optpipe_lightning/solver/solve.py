@@ -63,7 +63,8 @@ def solve(
 
     ``candidates``: schedules (evaluated, each for the problem or a re-chunking of it) that are
     candidates of the search from the start, so the result is never slower than any of them
-    (``compare`` passes its baseline rows). ``chunkings``: the (chunk count, placement) pairs to
+    (``compare`` passes its baseline rows); a baseline given so (its ``generator`` a baseline
+    name, for any chunking) is not computed again. ``chunkings``: the (chunk count, placement) pairs to
     search; by default every one the problem's ``layers_per_stage`` allows (only its own without
     it). The result's schedule is for the chunking that won: it embeds that problem and records
     its ``num_chunks`` and ``placement``. ``lns``: run the large-neighbourhood search where
@@ -115,8 +116,12 @@ def solve(
             with budget.phase("hint"):
                 bests[ch].offer(hint.with_evaluation(evaluate(problems[ch], hint)), "hint")
 
+    from ..schedule.baselines import BASELINE_NAMES
+
+    # a baseline given as a candidate (compare's rows) is not computed again
+    done = frozenset(c.generator for c in candidates if c.generator in BASELINE_NAMES)
     args = SearchArgs(
-        backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns
+        backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns, done
     )
     proven: set[Chunking] = set()
     if len(feasible) == 1:
