@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..schedule.baselines import make_schedule
 from ..schedule.chunking import Chunking, describe
 from ..schedule.problem import Problem
 from . import backend, periodic
@@ -79,6 +80,9 @@ SCREEN_RULES_SHARE = 0.5
 # (``lns``: CP-SAT on one time window of the incumbent at a time) gets this share of the time
 # left before the backend (the relaxation) gets the rest
 LNS_SHARE = 0.5
+# the search beyond the rules (``gis_search``, then ``action_search``) gets this share of the
+# time left after the baselines
+SEARCH_SHARE = 0.4
 # with a deterministic time (no wall clock decides), the windows the search may take
 LNS_DETERMINISTIC_WINDOWS = 32
 
@@ -267,6 +271,9 @@ def run_pipeline(
             ):
                 best.offer(sched, f"baseline:{name}")
 
+    if best.schedule is not None and not stopped() and gap_open():
+        _run_search(problem, best, budget, args)
+
     if (
         args.backend != "heuristic"
         and best.schedule is not None
@@ -321,6 +328,33 @@ def run_pipeline(
             ):
                 best.offer(sched, f"baseline:{name}")
     return used, proven_optimal, message
+
+
+def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
+    """PipeOffload's family beyond its published group sizes (``gis_search``), then the local
+    search over the best schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
+    the time left; each improvement is offered."""
+    from . import action_search, gis_search
+
+    until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
+    if gis_search.applies(problem):
+        with budget.phase("search: group sizes"):
+            for sched in gis_search.extra_members(problem, best.makespan, until):
+                best.offer(sched, f"search:g={sched.params['group_size']}")
+    if args.stopped() or best.schedule is None or time.perf_counter() >= until:
+        return
+    source = best.source
+    with budget.phase("search: actions"):
+        action_search.improve(
+            problem,
+            best.schedule,
+            deadline=until,
+            on_better=lambda rows, res: best.offer(
+                make_schedule(problem, "optpipe", rows, {"from": source}), f"search:{source}"
+            ),
+            seed=args.seed,
+            stop=args.stop,
+        )
 
 
 def _run_lns(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
