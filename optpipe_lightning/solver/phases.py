@@ -3,7 +3,10 @@
 Pipeline (``solve`` has checked the memory limit, a clear error below what any schedule can fit,
 and offered the user's hint and candidates): run the offload-aware list schedulers, a local
 search over their parameters from the best ones (``rule_search``), the offload repair and the
-baselines (``candidates``); where copies are as
+baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
+search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes, then
+``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
