@@ -75,7 +75,7 @@ def compare(
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
         candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
-        from .solver.candidates import STRONGEST_BASELINES, baseline_order
+        from ..solver.candidates import STRONGEST_BASELINES, baseline_order
 
         made_by: dict[str, list[Schedule]] = {}
         for name in baseline_order(problem):  # the strongest first under a memory limit

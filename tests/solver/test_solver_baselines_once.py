@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import optpipe_lightning.schedule.baselines as baselines
 from optpipe_lightning.cli import app
+from optpipe_lightning.cli.size_guard import MAX_UNITS, STRONGEST_SHARE, CompareBudget
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines._deadline import (
     DeadlineExceeded,
@@ -23,7 +24,6 @@ from optpipe_lightning.schedule.baselines._deadline import (
     interruptible,
     timer_available,
 )
-from optpipe_lightning.size_guard import MAX_UNITS, STRONGEST_SHARE, CompareBudget
 from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.candidates import (
     CLOSED_FORM_BASELINES,
