@@ -490,7 +490,8 @@ def against_best_baseline(
             bb = min(base, key=lambda x: x["makespan"], default=None)
             opt = next((x for x in rows if x["name"] == "optpipe" and x["feasible"]), None)
             if bb is None or opt is None:
-                lines.append(f"| {r['name']} | {key} | {bound:.3f} | - | - | - | - | - |")
+                shown = "-" if opt is None else f"{opt['makespan']:.3f}"
+                lines.append(f"| {r['name']} | {key} | {bound:.3f} | - | {shown} | - | - | - |")
                 continue
             room = (bb["makespan"] - bound) / bb["makespan"]
             better = opt["makespan"] < bb["makespan"] * (1 - 1e-6)
