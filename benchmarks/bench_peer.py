@@ -415,7 +415,7 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
                 cells.append(f"{ratio:.2f}")
             else:
                 cells.append("-")
-        opt0 = next((x for x in first if x["name"] == "optpipe"), {})
+        opt0: dict[str, Any] = next((x for x in first if x["name"] == "optpipe"), {})
         v_txt = str(opt0.get("num_chunks", r["chunks"]))  # compare's own choice, once it searches
         lines.append(
             f"| {r['name']} | {v_txt} | {r['copy_over_fbw']:.2f} | {bb_txt} | "
