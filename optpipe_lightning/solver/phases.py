@@ -86,6 +86,8 @@ LNS_SHARE = 0.5
 # the search beyond the rules (``gis_search``, then ``action_search``) gets this share of the
 # time left after the baselines
 SEARCH_SHARE = 0.4
+# with a deterministic time (no wall clock decides), the candidates the action search may try
+SEARCH_DETERMINISTIC_TRIES = 200
 # with a deterministic time (no wall clock decides), the windows the search may take
 LNS_DETERMINISTIC_WINDOWS = 32
 
@@ -357,6 +359,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             ),
             seed=args.seed,
             stop=args.stop,
+            max_tries=None if args.deterministic_time is None else SEARCH_DETERMINISTIC_TRIES,
         )
 
 
