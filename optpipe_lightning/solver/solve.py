@@ -146,8 +146,26 @@ def solve(
         raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
     robustness: dict[str, object] | None = None
     if robust and not (stop is not None and stop.is_set()):
+        # never slower than a candidate given (compare's rows: DESIGN's contract), noise or not
+        ceiling = min(
+            (
+                c.evaluation.makespan
+                for c in given
+                if c.evaluation is not None
+                and c.evaluation.feasible
+                and c.evaluation.makespan is not None
+            ),
+            default=float("inf"),
+        )
+        near = [
+            s
+            for s in top.near
+            if s.evaluation is not None
+            and s.evaluation.makespan is not None
+            and s.evaluation.makespan <= ceiling * (1 + 1e-9)
+        ]
         with budget.phase("robust pick"):
-            chosen, robustness = robust_pick(top.schedule, top.near, t0 + time_limit, seed)
+            chosen, robustness = robust_pick(top.schedule, near, t0 + time_limit, seed)
         if chosen is not top.schedule:
             assert chosen.evaluation is not None and chosen.evaluation.makespan is not None
             top.schedule, top.makespan = chosen, chosen.evaluation.makespan

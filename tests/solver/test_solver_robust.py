@@ -79,3 +79,28 @@ def test_solve_keeps_the_schedules_near_its_best_and_reports_its_pick() -> None:
     plain = solve(pb, backend="heuristic", time_limit=60, lns=False, robust=False)
     assert "robust" not in plain.schedule.params
     assert res.makespan <= plain.makespan * (1 + robust.NEAR_SHARE) + 1e-12
+
+
+def test_the_robust_pick_never_returns_a_schedule_slower_than_a_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DESIGN: compare's optpipe row is never slower than a feasible row beside it. An adversarial
+    pick (the slowest schedule it is offered) must still not trail the candidates given."""
+    import importlib
+
+    solve_module = importlib.import_module("optpipe_lightning.solver.solve")
+    offered: list[float] = []
+
+    def slowest(best: Any, near: list[Any], deadline: Any, seed: int = 0) -> Any:
+        pool = [best, *near]
+        offered.extend(s.evaluation.makespan for s in pool)
+        return max(pool, key=lambda s: s.evaluation.makespan), {"switched": True}
+
+    monkeypatch.setattr(solve_module, "robust_pick", slowest)
+    monkeypatch.setattr(robust, "NEAR_SHARE", 0.5)  # keep far slower schedules near the best
+    pb = bench_problem(4, 8, 1, 0.5, 0.5)
+    cand = generate("adaoffload", pb)
+    assert cand.evaluation is not None and cand.evaluation.makespan is not None
+    res = solve(pb, backend="heuristic", time_limit=60, lns=False, candidates=[cand])
+    assert offered
+    assert res.makespan <= cand.evaluation.makespan * (1 + 1e-9)
