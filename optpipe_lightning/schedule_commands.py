@@ -14,6 +14,7 @@ import typer
 
 from .arguments import check_out_path, check_solver_options, write_output
 from .cli_inputs import MarginOpt, ProblemArg, load_problem, load_schedule, user_errors, with_margin
+from .cli_interrupt import exit_interrupted, last_signal, terminate_as_interrupt
 from .cli_output import err, fmt_time, out, print_table, problem_summary, schedule_row
 from .cli_solver_run import run_solver
 from .errors import UserError
@@ -75,46 +76,66 @@ def compare(
         rows: list[dict[str, Any]] = []
         skipped: dict[str, str] = {}
         candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
-        for name in BASELINE_NAMES:
-            if time.perf_counter() > budget.baselines_until:  # none starts after its share
-                skipped[name] = budget.stopped
-                continue
-            try:
-                with deadline_at(budget.baselines_until):
-                    made = generate_chunked(name, problem)
-            except NotApplicable as e:
-                skipped[name] = str(e)
-                continue
-            except DeadlineExceeded:
-                skipped[name] = budget.stopped
-                continue
-            except (ImportError, AttributeError):
-                skipped[name] = "not available in this build"
-                continue
-            candidates += made
-            rows.append(schedule_row(name, best_schedule(made), bound))
-        if not no_solve:
-            result = run_solver(
-                problem,
-                solver,
-                budget.solver_seconds(),
-                seed,
-                quiet=as_json,
-                db_url=None,
-                candidates=candidates,
-            )
-            rows.append(
-                schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds)
-            )
+        interrupted = False  # Ctrl-C or SIGTERM: the rows so far are shown, exit 130
+        with terminate_as_interrupt():
+            for name in BASELINE_NAMES:
+                if interrupted:
+                    skipped[name] = "interrupted"
+                    continue
+                if time.perf_counter() > budget.baselines_until:  # none starts after its share
+                    skipped[name] = budget.stopped
+                    continue
+                try:
+                    with deadline_at(budget.baselines_until):
+                        made = generate_chunked(name, problem)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    skipped[name] = "interrupted"
+                    continue
+                except NotApplicable as e:
+                    skipped[name] = str(e)
+                    continue
+                except DeadlineExceeded:
+                    skipped[name] = budget.stopped
+                    continue
+                except (ImportError, AttributeError):
+                    skipped[name] = "not available in this build"
+                    continue
+                candidates += made
+                rows.append(schedule_row(name, best_schedule(made), bound))
+            if not no_solve and not interrupted:
+                try:
+                    result = run_solver(
+                        problem,
+                        solver,
+                        budget.solver_seconds(),
+                        seed,
+                        quiet=as_json,
+                        db_url=None,
+                        candidates=candidates,
+                    )
+                except KeyboardInterrupt:  # nothing beyond the baselines found yet
+                    interrupted = True
+                else:
+                    interrupted = result.status == "interrupted"
+                    rows.append(
+                        schedule_row(
+                            "optpipe", result.schedule, result.lower_bound, result.solve_seconds
+                        )
+                    )
         if as_json:
-            doc = {
+            doc: dict[str, Any] = {
                 "problem": problem_summary(problem, bound),
                 "schedules": rows,
                 "not_applicable": [{"name": k, "reason": v} for k, v in skipped.items()],
             }
+            if interrupted:
+                doc["interrupted"] = last_signal() or True
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            print_table(problem, rows, skipped)
+            print_table(problem, rows, skipped, last_signal() if interrupted else None)
+        if interrupted:
+            exit_interrupted()
 
 
 def solve(
@@ -145,6 +166,7 @@ def solve(
         check_out_path(out_path)
         left = solver_seconds(problem, time_limit, started)  # the command holds the limit
         result = run_solver(problem, solver, left, seed, quiet=as_json, db_url=db, gap=gap)
+        interrupted = result.status == "interrupted"  # by a signal: the best found, exit 130
         if out_path is not None:
             write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
@@ -167,6 +189,8 @@ def solve(
                 f"solved in {fmt_time(result.solve_seconds)}"
                 + (f" -> {out_path}" if out_path else "")
             )
+        if interrupted:
+            exit_interrupted()
 
 
 def baseline(

@@ -179,6 +179,12 @@ def show(
             rid = _int_id(ident, "solver run")
             run = repo.get_solver_run(s, rid)
             doc = run.to_dict() | {"events": [e.to_dict() for e in repo.solver_events(s, rid)]}
+            if run.schedule_id is not None:  # also a run killed before it ended: its incumbent
+                doc["best_schedule"] = f"optpipe db show schedule {run.schedule_id} > best.json" + (
+                    f" (the best incumbent of a run {run.status})"
+                    if run.status in ("running", "interrupted", "failed")
+                    else ""
+                )
         else:
             rid = _int_id(ident, "training run")
             runs = [r for r in repo.list_training_runs(s) if r.id == rid]
