@@ -14,7 +14,7 @@ from .schedule import Problem, Schedule
 from .schedule.units import format_bytes, format_seconds
 
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a note is one line, never wrapped
 
 
 def fmt_time(seconds: float | None) -> str:
