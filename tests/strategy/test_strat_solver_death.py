@@ -1,0 +1,34 @@
+"""A background solver that dies is noticed, logged once with the reason, and given up
+(issue 33.2): training keeps its schedule."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from bench_problems import bench_problem
+
+from optpipe_lightning.strategy.resolve import BackgroundSolver
+
+WAIT = 120.0
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_a_killed_background_solver_is_logged_once_and_given_up(
+    start_method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    problem = bench_problem(8, 32, 2)
+    solver = BackgroundSolver(problem, 1e9, time_limit=600, start_method=start_method)
+    solver.proc.kill()
+    end = time.monotonic() + WAIT
+    with caplog.at_level(logging.WARNING):
+        while not solver.done:
+            assert time.monotonic() < end, "the dead solver was never noticed"
+            solver.poll()
+            time.sleep(0.02)
+        for _ in range(3):
+            assert solver.poll().kind == "done"
+    lines = [r.getMessage() for r in caplog.records if "background solver" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "killed by SIGKILL" in lines[0] and "given up" in lines[0]
