@@ -18,9 +18,14 @@ memory limit) are buffered and written in one short transaction every ``flush_se
 before a switch and at the end), so a step pays a list append, not a database commit. A loss
 given as a tensor is read (``float``) only then, so recording it never waits for the device.
 
-A failed write logs one warning and is retried with the next one (a busy SQLite file is
-transient); the link is switched off only after ``MAX_FAILURES`` failures in a row, unless the
-user asked for ``require_database=True`` (then opening fails loudly before training starts).
+Every call goes through one path (``RunLog._call``) to a database process of its own
+(``profiles_db.writer``): a fault of the database (unwritable, deleted or replaced, locked past
+the busy timeout, full, a truncated ``-shm`` file, which kills the process that maps it with
+SIGBUS) never reaches training. The first failure logs one warning naming a fallback file
+(``fallback_path``); records that could not be written go there as JSON lines, buffered ones
+after ``MAX_FAILURES`` failures in a row (or a dead database process) switch the link off, or at
+the end. ``require_database=True`` makes a database that cannot be opened fail loudly before
+training starts instead.
 """
 
 from __future__ import annotations
