@@ -28,12 +28,13 @@ accumulated gradient exactly the single-device one; data-parallel replicas avera
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import types
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import lightning.pytorch as pl
 import torch
@@ -69,6 +70,7 @@ from .options import (
     check_sizes,
 )
 from .partition import balanced_partition, validate_partition
+from .peer_errors import PeerWatch
 from .process_groups import PipelineComm, make_groups
 from .run_log import prefetch_database
 from .scheduling import Scheduler
@@ -213,6 +215,7 @@ class OptPipeStrategy(ParallelStrategy):
         self._installed: list[str] = []  # default steps put on the module (removed at teardown)
         self._in_step = False  # a module step runs on this rank alone (no collectives)
         self._status: str | None = None  # how the trainer call ended, when not "finished"
+        self._peers: PeerWatch | None = None  # the other ranks' errors (``peer_errors``)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
@@ -354,6 +357,9 @@ class OptPipeStrategy(ParallelStrategy):
             kwargs["device_id"] = self.root_device
         _init_dist_connection(self.cluster_environment, self._process_group_backend, **kwargs)
         self.comm = make_groups(self.num_stages, self.options.data_parallel, self.global_rank)
+        if self._peers is not None:
+            self._peers.close()
+        self._peers = PeerWatch(self.global_rank, self.world_size)
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -551,9 +557,34 @@ class OptPipeStrategy(ParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt | SIGTERMException)
         self._status = "interrupted" if interrupted else "failed"
+        peers, self._peers = self._peers, None
+        if peers is None or interrupted:
+            return
+        # this rank's own error: posted for the others, one line here too; a peer's error or a
+        # lost peer: one line naming that rank, and this rank ends without the hang-up's
+        # traceback (its connections to the peer are gone: nothing more can run)
+        if peers.on_error(exception) is not None:
+            self._end_for_peer()
+
+    def _end_for_peer(self) -> NoReturn:
+        """End this rank after a peer failed: record the run as failed, stop the background
+        solver, take the default steps off; no wait for anything in flight with the peer."""
+        sched, self.scheduler = self.scheduler, None
+        if sched is not None:
+            with contextlib.suppress(Exception):
+                if sched.resolve.solver is not None:
+                    sched.resolve.solver.stop()
+            with contextlib.suppress(Exception):
+                sched.records.close("failed", gather_peaks=False)
+        with contextlib.suppress(Exception):
+            self.teardown()
+        raise SystemExit(1)
 
     def teardown(self) -> None:
         """Stop the background solver, record how the run ended, take the default steps off."""
+        if self._peers is not None:
+            self._peers.close()
+            self._peers = None
         if self.scheduler is not None:
             self.scheduler.close(self._status or "finished")
         module = self.lightning_module

@@ -32,3 +32,25 @@ def test_a_killed_background_solver_is_logged_once_and_given_up(
     lines = [r.getMessage() for r in caplog.records if "background solver" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "killed by SIGKILL" in lines[0] and "given up" in lines[0]
+
+
+def test_the_solver_child_ends_quietly_when_the_training_process_is_gone() -> None:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optpipe_lightning.solver.background"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    request = {"problem": bench_problem(4, 8).model_dump_json(), "time_limit": 60}
+    proc.stdin.write(json.dumps(request) + "\n")
+    proc.stdin.flush()
+    proc.stdout.close()  # the reader is gone: its next line meets a broken pipe
+    err = proc.stderr.read()
+    proc.wait(timeout=WAIT)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
