@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from bench_problems import bench_problem
 
-from optpipe_lightning.cli_interrupt import run_stoppable, signals_stop
+from optpipe_lightning.cli.interrupt import run_stoppable, signals_stop
 from optpipe_lightning.schedule import Schedule, evaluate
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from optpipe_lightning.profiles_db import SolverEventRecorder, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.profiles_db.cli import app
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.schedule.baselines import make_schedule
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
 from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytestmark = pytest.mark.dist
 

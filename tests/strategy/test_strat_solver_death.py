@@ -9,7 +9,7 @@ import time
 import pytest
 from bench_problems import bench_problem
 
-from optpipe_lightning.strategy.resolve import BackgroundSolver
+from optpipe_lightning.strategy.scheduling.resolve import BackgroundSolver
 
 WAIT = 120.0
 

@@ -11,7 +11,7 @@ import pytest
 from test_strat_lightning import check_final, fit, reference
 
 from optpipe_lightning.schedule.profile import Profile
-from optpipe_lightning.strategy.calibration import stored_profile_error
+from optpipe_lightning.strategy.scheduling.calibration import stored_profile_error
 
 
 def test_stored_profile_error_is_relative_to_the_prediction() -> None:
