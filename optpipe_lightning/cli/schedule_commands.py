@@ -17,8 +17,8 @@ from ..schedule.bounds import lower_bound
 from ..schedule.simulator import ScheduleMismatchError
 from .arguments import check_out_path, check_solver_options, write_output
 from .errors import UserError
-from .interrupt import exit_interrupted, last_signal, terminate_as_interrupt
 from .inputs import MarginOpt, ProblemArg, load_problem, load_schedule, user_errors, with_margin
+from .interrupt import exit_interrupted, last_signal, terminate_as_interrupt
 from .output import err, fmt_time, out, print_table, problem_summary, schedule_row
 from .size_guard import (
     MAX_TRACE_SCHEDULE_BYTES,

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from db_builders import fused_rows, hardware, make_fbw, make_problem, make_profile, model_fp
 from typer.testing import CliRunner
 
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import SolverEventRecorder, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.schedule.baselines import make_schedule
 
 runner = CliRunner()

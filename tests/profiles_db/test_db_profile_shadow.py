@@ -13,9 +13,9 @@ import pytest
 from db_builders import hardware, make_profile
 from typer.testing import CliRunner
 
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db.transfer import ExportDocument
 
 

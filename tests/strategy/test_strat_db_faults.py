@@ -21,7 +21,10 @@ from optpipe_lightning.strategy.records.run_log import RunLog
 
 
 def _fingerprints() -> tuple[Any, Any]:
-    from optpipe_lightning.strategy.scheduling.profiler import hardware_fingerprint, model_fingerprint
+    from optpipe_lightning.strategy.scheduling.profiler import (
+        hardware_fingerprint,
+        model_fingerprint,
+    )
 
     layers = [nn.Linear(4, 4), nn.Linear(4, 4)]
     hw = hardware_fingerprint(torch.device("cpu"), 2, "gloo")
