@@ -112,3 +112,48 @@ def test_a_required_database_that_cannot_be_opened_fails_at_once(tmp_path: Path)
     os.mkfifo(fifo)
     with pytest.raises(RuntimeError, match="cannot open the database"):
         RunLog(f"sqlite:///{fifo}", enabled=True, required=True)
+
+
+class _DeleteDatabase:
+    """A callback that deletes the database files on global rank 0 after ``at`` steps."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        self.path, self.at = path, at
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == self.at:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.mark.dist
+def test_training_goes_on_when_its_database_is_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as pl
+    from test_strat_lightning import reference
+    from test_strat_lightning import fit as lightning_fit
+
+    monkeypatch.setenv("OPTPIPE_RECORDS_DIR", str(tmp_path))
+    db = tmp_path / "optpipe.db"
+    callback = type("DeleteDatabase", (_DeleteDatabase, pl.Callback), {})(db, 2)
+    monkeypatch.setattr(
+        pl, "Trainer", _with_callback(pl.Trainer, callback)
+    )  # the helper builds its own Trainer: add ours to it
+    ref_losses, _ = reference(5)
+    ranks = lightning_fit(
+        tmp_path / "a", 5, schedule="1f1b", use_database=True, database=f"sqlite:///{db}"
+    )
+    assert ranks[0]["losses"] == pytest.approx(ref_losses, abs=1e-5)  # trained to the end
+    (fallback,) = tmp_path.glob("optpipe-records-*.jsonl")
+    got = _records(fallback)
+    assert [r["step"] for r in got if r["kind"] == "step"] == [1, 2, 3, 4, 5]
+    assert got[-1] == {"kind": "finish", "run_id": 1, "status": "finished"}
+
+
+def _with_callback(cls: Any, callback: Any) -> Any:
+    def make(*args: Any, **kwargs: Any) -> Any:
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), callback]
+        return cls(*args, **kwargs)
+
+    return make
