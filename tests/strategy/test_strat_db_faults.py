@@ -131,8 +131,8 @@ def test_training_goes_on_when_its_database_is_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import lightning.pytorch as pl
-    from test_strat_lightning import reference
     from test_strat_lightning import fit as lightning_fit
+    from test_strat_lightning import reference
 
     monkeypatch.setenv("OPTPIPE_RECORDS_DIR", str(tmp_path))
     db = tmp_path / "optpipe.db"
