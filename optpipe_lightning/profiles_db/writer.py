@@ -97,9 +97,10 @@ def main() -> None:
     url = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
     try:
         from . import repository as repo
-        from .database import open_database
+        from .database import BUSY_TIMEOUT_SECONDS, open_database
 
-        db = open_database(url)
+        busy = float(sys.argv[2]) if len(sys.argv) > 2 else BUSY_TIMEOUT_SECONDS
+        db = open_database(url, busy_timeout=busy)
     except Exception as e:
         _send(out, ("error", _one_line(f"{e}"), lines.take()))
         return
@@ -137,15 +138,21 @@ class DatabaseWriter:
     """A child process that makes the database calls (see the module doc); raises
     ``WriterError`` from ``call`` when the call did not happen, whatever the reason."""
 
-    def __init__(self, url: str | None, *, timeout: float | None = None) -> None:
+    def __init__(
+        self, url: str | None, *, busy_timeout: float | None = None, timeout: float | None = None
+    ) -> None:
+        """``busy_timeout``: how long a call waits for a locked SQLite file (default
+        ``BUSY_TIMEOUT_SECONDS``); ``timeout``: how long any call may take before the process
+        is given up as hung (default: the busy timeout and a margin)."""
         from .database import BUSY_TIMEOUT_SECONDS
 
-        self.timeout = BUSY_TIMEOUT_SECONDS + _MARGIN_SECONDS if timeout is None else timeout
+        busy = BUSY_TIMEOUT_SECONDS if busy_timeout is None else busy_timeout
+        self.timeout = busy + _MARGIN_SECONDS if timeout is None else timeout
         self.where = url or "the default database"
         self.dead: str | None = None  # why the child can no longer be used
         self._lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "optpipe_lightning.profiles_db.writer", url or "-"],
+            [sys.executable, "-m", "optpipe_lightning.profiles_db.writer", url or "-", str(busy)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # its warnings come back in the replies

@@ -93,6 +93,24 @@ def test_a_truncated_shm_file_kills_only_the_database_process(
     assert not log.active or log.db is None
 
 
+def test_a_locked_database_stalls_no_step_for_long_and_loses_no_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3
+
+    from optpipe_lightning.strategy.records import run_log
+
+    monkeypatch.setattr(run_log, "BUSY_SECONDS", 0.2)  # (the default waits 5 s per call)
+    log, db = _started(tmp_path, monkeypatch)
+    holder = sqlite3.connect(db, timeout=0.1)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    try:
+        _goes_on(log, caplog, "locked")
+    finally:
+        holder.rollback()
+        holder.close()
+
+
 def test_a_database_that_cannot_be_opened_keeps_the_records_in_the_fallback_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

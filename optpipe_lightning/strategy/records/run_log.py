@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 MAX_FAILURES = 3  # failed database calls in a row before the link is switched off
 FLUSH_SECONDS = 10.0  # buffered step records are written at most this long after their step
+# a locked database stalls a step at most this long per call (then the records are kept for
+# the next try, or go to the fallback file)
+BUSY_SECONDS = 5.0
 
 
 _prefetched: dict[str | None, tuple[threading.Thread, list[Any]]] = {}
@@ -78,7 +81,7 @@ def prefetch_database(url: str | None) -> None:
 def _writer(url: str | None) -> Any:
     from ...profiles_db.writer import DatabaseWriter
 
-    return DatabaseWriter(url)
+    return DatabaseWriter(url, busy_timeout=BUSY_SECONDS)
 
 
 def _open(url: str | None) -> Any:
