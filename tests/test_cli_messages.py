@@ -76,3 +76,21 @@ def test_a_long_note_stays_on_one_line_when_stderr_is_a_file(
     assert res.exit_code == 0, res.output
     lines = [x for x in res.stderr.splitlines() if x]
     assert lines == [f"optpipe: note: {note}"]
+
+
+def test_a_limit_just_below_what_is_needed_shows_differing_digits() -> None:
+    from optpipe_lightning.schedule.baselines import NotApplicable
+    from optpipe_lightning.solver.feasibility import check_memory_limit
+    from optpipe_lightning.solver.results import InfeasibleMemoryLimit
+
+    # one activation of 1 GB; the limit 100 bytes below it (equal in 6 significant digits)
+    act = {"m_f": 1e9, "m_b": -5e8, "m_w": -5e8}
+    problem = Problem.model_validate({**SMALL, **act, "memory_limit": 1e9 - 100})
+    with pytest.raises(InfeasibleMemoryLimit) as e:
+        check_memory_limit(problem)
+    said, rest = str(e.value).removeprefix("memory_limit ").split(" on stage 0 ", 1)
+    assert said != rest.split("(")[1].split(" bytes")[0], str(e.value)
+    with pytest.raises(NotApplicable) as na:
+        generate("zb-auto", problem)
+    said, rest = str(na.value).removeprefix("memory_limit ").split(" on stage 0 ", 1)
+    assert said != rest.split("activation ")[1].split(" ")[0], str(na.value)
