@@ -16,7 +16,11 @@ module named for it:
   forward; logs and outputs shared by the last stage); ``microbatch.py``: batches into
   microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
-  clipping); ``checkpoint.py``: the whole model and optimizer state, collected.
+  clipping); ``checkpoint.py``: the whole model and optimizer state, collected;
+- ``model_state.py`` (this class's base): what each rank holds of the model -- built on the
+  meta device by ``configure_model``, each rank materialising only its own layers
+  (``runtime/materialize.py``) -- and the checkpoints, sharded (``runtime/sharded_checkpoint.py``)
+  or one file.
 
 The strategy owns forward and backward: ``training_step`` runs one pipelined step (the module's
 own ``training_step`` per microbatch on the last stage) and returns the batch's mean loss,
@@ -28,13 +32,12 @@ accumulated gradient exactly the single-device one; data-parallel replicas avera
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -48,7 +51,6 @@ from lightning.fabric.utilities.distributed import (
 )
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only
@@ -65,14 +67,21 @@ from ..planning.options import (
 )
 from ..planning.partition import balanced_partition, validate_partition
 from ..records.run_log import prefetch_database
-from ..runtime.checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
+from ..runtime.checkpoint import full_state_dict
 from ..runtime.contract import ContractError, PipelineSpec, get_spec
 from ..runtime.fork_safety import set_cpu_threads
 from ..runtime.host_allocator import tune_host_allocator
-from ..runtime.peer_errors import PeerWatch
+from ..runtime.materialize import (
+    allocate,
+    build_on_meta,
+    check_materialisable,
+    has_meta_tensors,
+)
+from ..runtime.peer_errors import PeerWatch, end_for_peer
 from ..runtime.process_groups import PipelineComm, make_groups
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
+from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
@@ -81,7 +90,7 @@ __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 log = logging.getLogger(__name__)
 
 
-class OptPipeStrategy(ParallelStrategy):
+class OptPipeStrategy(ModelStateStrategy):
     """Pipeline-parallel training over optpipe schedules (see docs/strategy.md).
 
     Args:
@@ -134,6 +143,14 @@ class OptPipeStrategy(ParallelStrategy):
             another allocator is preloaded.
         calibrate_budget: share of the training time calibrations may take (a calibration
             waits until its cost is that share of the steps since the last); None: no limit.
+        shard_model: each rank holds only its own layers (the others' tensors are dropped
+            after setup); ``"auto"``: when the module builds its layers in ``configure_model``
+            (on the meta device, then materialised per rank; see ``materialize.py``).
+        checkpoint_format: ``"sharded"`` (a directory, one DCP shard per rank, resumable on
+            another partition or stage count), ``"full"`` (one file, the whole model collected:
+            for small models) or ``"auto"`` (sharded when the model is).
+        full_model_after_fit: after ``fit``, every rank's module takes the whole trained model
+            (collected from all stages); ``None``: only when the model is not sharded.
     """
 
     strategy_name = "optpipe"
@@ -171,6 +188,9 @@ class OptPipeStrategy(ParallelStrategy):
         calibrate_min_steps: int = 8,
         tune_host_allocator: bool = True,
         calibrate_budget: float | None = 0.005,
+        shard_model: bool | Literal["auto"] = "auto",
+        checkpoint_format: CheckpointFormat = "auto",
+        full_model_after_fit: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -204,6 +224,7 @@ class OptPipeStrategy(ParallelStrategy):
             tune_host_allocator=tune_host_allocator,
             calibrate_budget=calibrate_budget,
         )
+        self.init_model_state(shard_model, checkpoint_format, full_model_after_fit)
         self._start_method = start_method
         self._process_group_backend = process_group_backend
         self._timeout = timeout
@@ -302,8 +323,11 @@ class OptPipeStrategy(ParallelStrategy):
 
     def precheck_model(self, model: Any, fitting: bool = False) -> PipelineSpec:
         """The model contract and the layer count, checked in the launching process."""
+        build_on_meta(model)  # layers made in configure_model exist (on the meta device)
         spec = get_spec(model)
         check_layers(self.options, len(spec.layers), self.num_stages)
+        if has_meta_tensors(model):
+            check_materialisable(model, spec.layers)
         name = type(model).__name__
         if not getattr(model, "automatic_optimization", True):
             raise OptPipeConfigError(
@@ -327,6 +351,7 @@ class OptPipeStrategy(ParallelStrategy):
 
     def connect(self, model: pl.LightningModule) -> None:
         """A module without its own steps gets the ones its ``PipelineSpec.loss_fn`` makes."""
+        build_on_meta(model)
         spec = get_spec(model)
         self._installed = []
         if spec.loss_fn is not None:
@@ -377,12 +402,14 @@ class OptPipeStrategy(ParallelStrategy):
         self._status = None
         self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
         requested = self.options.num_microbatches
+        partition = self._partition(self.spec)
+        self.own_layers(self.lightning_module, self.spec, partition)
         self.scheduler = Scheduler(
             self.options,
             self.spec,
             self.comm,
             self.root_device,
-            self._partition(self.spec),
+            partition,
             requested if isinstance(requested, int) else None,
             model_name=type(self.lightning_module).__name__,
             backend=self._process_group_backend or "gloo",
@@ -390,6 +417,7 @@ class OptPipeStrategy(ParallelStrategy):
             module=self.lightning_module,
             optimizers=lambda: self.optimizers,
         )
+        self.scheduler.sharded = self.sharded
         if self.options.data_parallel == 1:
             # every rank logs the last stage's values: one replica needs no sync_dist
             warnings.filterwarnings(
@@ -482,9 +510,13 @@ class OptPipeStrategy(ParallelStrategy):
 
     def on_train_end(self) -> None:
         """Every rank's module takes the whole trained model (each layer from its stage): the
-        module left in the user's process after ``fit`` is the trained one, for every launcher."""
+        module left in the user's process after ``fit`` is the trained one, for every launcher.
+        A sharded model keeps each rank's own layers only, unless ``full_model_after_fit``."""
         module, sched, _ = self._parts()
-        if sched.engine is not None:
+        if sched.engine is not None and self.whole_model_after_fit:
+            if self.sharded:
+                for m in module.modules():  # room for the layers collected from other ranks
+                    allocate(m, self.root_device)
             module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
 
     def on_validation_end(self) -> None:
@@ -536,49 +568,16 @@ class OptPipeStrategy(ParallelStrategy):
         self._refuse_in_step("all_gather")
         return super().all_gather(tensor, group, sync_grads)
 
-    # ---- checkpoints -------------------------------------------------------------------------
-
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The full model, every layer from the rank that trains it (collected on every rank)."""
-        assert self.lightning_module is not None
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return full_state_dict(self.lightning_module, engine, self.comm)
-
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer state of all stages merged (parameter indices agree on every rank)."""
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return merged_optimizer_state(optimizer, engine, self.comm)
-
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        load_optimizer_states(self.optimizers, checkpoint["optimizer_states"], self.root_device)
-
     # ---- the end ----------------------------------------------------------------------------
 
     def on_exception(self, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt | SIGTERMException)
         self._status = "interrupted" if interrupted else "failed"
         peers, self._peers = self._peers, None
-        if peers is None or interrupted:
-            return
-        # this rank's own error: posted for the others, one line here too; a peer's error or a
-        # lost peer: one line naming that rank, and this rank ends without the hang-up's
-        # traceback (its connections to the peer are gone: nothing more can run)
-        if peers.on_error(exception) is not None:
-            self._end_for_peer()
-
-    def _end_for_peer(self) -> NoReturn:
-        """End this rank after a peer failed: record the run as failed, stop the background
-        solver, take the default steps off; no wait for anything in flight with the peer."""
-        sched, self.scheduler = self.scheduler, None
-        if sched is not None:
-            with contextlib.suppress(Exception):
-                if sched.resolve.solver is not None:
-                    sched.resolve.solver.stop()
-            with contextlib.suppress(Exception):
-                sched.records.close("failed", gather_peaks=False)
-        with contextlib.suppress(Exception):
-            self.teardown()
-        raise SystemExit(1)
+        # a peer's error or a lost peer: one line naming that rank, and this rank ends
+        if peers is not None and not interrupted and peers.on_error(exception) is not None:
+            sched, self.scheduler = self.scheduler, None
+            end_for_peer(sched, self.teardown)
 
     def teardown(self) -> None:
         """Stop the background solver, record how the run ended, take the default steps off."""
@@ -592,7 +591,8 @@ class OptPipeStrategy(ParallelStrategy):
             if module is not None:
                 module.__dict__.pop(hook, None)
         self._installed = []
-        super().teardown()
+        with self.sharded_teardown(module):
+            super().teardown()
 
 
 def _notify(text: str, detail: bool) -> None:

@@ -17,14 +17,16 @@ gone, its host (global rank 0) was lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +221,18 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def end_for_peer(scheduler: Any, teardown: Callable[[], None]) -> NoReturn:
+    """End this rank after a peer failed: record the run as failed, stop the background
+    solver, then ``teardown``; no wait for anything in flight with the peer (its connections
+    are gone: nothing more can run). ``SystemExit(1)``: no traceback of the hang-up."""
+    if scheduler is not None:
+        with contextlib.suppress(Exception):
+            if scheduler.resolve.solver is not None:
+                scheduler.resolve.solver.stop()
+        with contextlib.suppress(Exception):
+            scheduler.records.close("failed", gather_peaks=False)
+    with contextlib.suppress(Exception):
+        teardown()
+    raise SystemExit(1)
