@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
-from ..schedule import Problem, Schedule
+if TYPE_CHECKING:  # the schedule model loads when a solve runs: ``--help`` stays fast
+    from ..schedule import Problem, Schedule
 
 T = TypeVar("T")
 
@@ -163,6 +164,7 @@ def best_found(
 ) -> Any:
     """A ``SolveResult`` (status ``interrupted``) of the best incumbent, re-checked by the
     simulator; None when the search had found nothing that fits yet."""
+    from ..schedule import Schedule
     from ..schedule.bounds import lower_bound
     from ..schedule.chunking import stamped
     from ..schedule.simulator import evaluate

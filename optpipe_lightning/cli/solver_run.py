@@ -1,6 +1,8 @@
 """One solver run from the command line: the live progress display on a terminal, and the run
-and its schedule recorded in a profiles database (``--db``), closed as failed or interrupted
-when the solve does not finish.
+and its schedule recorded in a profiles database (``CommandRecord`` of ``--db``), closed as
+failed or interrupted when the solve does not finish. SIGINT and SIGTERM stop the search and
+keep the best schedule found (``cli.interrupt``); with ``--db`` the newest incumbent schedule is
+stored as the search goes (``profiles_db.incumbents``), so even kill -9 leaves it behind.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..schedule import Problem, Schedule
 from .command_errors import one_line
 from .interrupt import LatestIncumbent, Outcome, best_found, run_stoppable, signals_stop
 from .output import err, out
+
+if TYPE_CHECKING:
+    from ..schedule import Problem, Schedule
+    from .records import CommandRecord
 
 
 def run_solver(
@@ -25,37 +30,27 @@ def run_solver(
     seed: int,
     *,
     quiet: bool,
-    db_url: str | None,
+    record: CommandRecord | None,
     gap: float = 0.0,
     candidates: list[Schedule] | None = None,
+    finish: bool = True,
 ) -> Any:
-    """The solve of ``problem``; on SIGINT/SIGTERM the best schedule found so far, simulator
-    checked, with status ``interrupted`` (``cli.interrupt``); the caller exits with 130 then.
-    ``KeyboardInterrupt`` when nothing that fits was found before the signal."""
+    """Solve; with ``record``, its incumbents are recorded and its schedule stored (as row
+    ``optpipe``), and the run is closed with the result unless ``finish=False`` (the caller
+    closes it). On SIGINT/SIGTERM: the best schedule found so far, simulator checked, with
+    status ``interrupted`` (the caller exits with 130 then); ``KeyboardInterrupt`` (the run
+    closed as interrupted) when nothing that fits was found before the signal."""
     from ..solver import solve
 
     started = time.perf_counter()
-    callbacks: list[Callable[[Any], None]] = []
     latest = LatestIncumbent()
-    callbacks.append(latest)
-    recorder = None
+    callbacks: list[Callable[[Any], None]] = [latest]
     keeper = None
-    run_id = None
-    db = None
-    if db_url is not None:
-        from ..profiles_db import open_database
-        from ..profiles_db import repository as repo
+    if record is not None:
         from ..profiles_db.incumbents import IncumbentKeeper
 
-        db = open_database(db_url)
-        with db.session() as s:
-            repo.store_problem(s, problem)
-            run_id = repo.start_solver_run(
-                s, problem.hash, backend, {"time_limit": time_limit, "seed": seed, "gap": gap}
-            )
-        recorder = repo.SolverEventRecorder(db, run_id)
-        keeper = IncumbentKeeper(db, run_id)  # a kill -9 leaves the best schedule behind
-        callbacks += [recorder, keeper]
+        keeper = IncumbentKeeper(record.db, record.run_id)  # kill -9 leaves the best behind
+        callbacks += [record.event_recorder(), keeper]
 
     def on_incumbent(inc: Any) -> None:
         for cb in callbacks:
@@ -94,33 +89,20 @@ def run_solver(
         else:
             result = _interrupted_result(problem, outcome, latest, backend, started, time_limit)
     except BaseException as e:  # the run ends here: never leave it "running"
-        if db is not None and recorder is not None and keeper is not None and run_id is not None:
+        if keeper is not None:
             keeper.close()
-            end_run(
-                db,
-                recorder,
-                run_id,
-                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
-            )
+        if record is not None:
+            record.end("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
         raise
+    if keeper is not None:
+        keeper.close(store_last=False)
     if result.message and not quiet:
         err.print(f"optpipe: note: {one_line(result.message)}", markup=False, soft_wrap=True)
-    if db is not None and recorder is not None and keeper is not None and run_id is not None:
-        from ..profiles_db import repository as repo
-
-        keeper.close(store_last=False)
-        recorder.close()
-        with db.session() as s:
-            # the schedule embeds the problem it was built for (a re-chunking of this one)
-            sid = repo.store_schedule(s, result.schedule, source="solver")
-            repo.finish_solver_run(
-                s,
-                run_id,
-                status=result.status,
-                makespan=result.makespan,
-                lower_bound=result.lower_bound,
-                schedule_id=sid,
-            )
+    if record is not None:
+        # the schedule embeds the problem it was built for (a re-chunking of this one)
+        sid = record.store("optpipe", result.schedule, "solver")
+        if finish:
+            record.finish(result.status, result.makespan, result.lower_bound, sid)
     return result
 
 
@@ -146,17 +128,3 @@ def _interrupted_result(
     if found is None:
         raise KeyboardInterrupt
     return found
-
-
-def end_run(db: Any, recorder: Any, run_id: int, status: str) -> None:
-    """Close a run the solve could not finish (best effort: the solve's error is what counts)."""
-    from ..profiles_db import repository as repo
-
-    recorder.close()
-    try:
-        with db.session() as s:
-            repo.finish_solver_run(
-                s, run_id, status=status, makespan=None, lower_bound=None, schedule_id=None
-            )
-    except Exception as e:
-        err.print(f"optpipe: note: could not mark solver run {run_id} {status}: {e}", markup=False)
