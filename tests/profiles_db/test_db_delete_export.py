@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import SolverEventRecorder, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.schedule.baselines import make_schedule
+from optpipe_lightning.schedule.baselines import generate, make_schedule
 
 runner = CliRunner()
 
@@ -25,7 +25,7 @@ def _filled(url: str) -> dict[str, int | str]:
     with db.session() as s:
         a = repo.store_schedule(s, make_fbw(p))
         b = repo.store_schedule(s, make_schedule(p, "gpipe-fused", fused_rows(4, 8)))
-        c = repo.store_schedule(s, make_fbw(p, generator="fbw-2"))
+        c = repo.store_schedule(s, generate("1f1b", p))
         repo.store_profile(s, make_profile(measured_at=datetime.now(UTC).isoformat()))
         srid = repo.start_solver_run(s, p.hash, "cp-sat", {})
         repo.finish_solver_run(
@@ -64,7 +64,7 @@ def test_export_writes_every_row_that_reads_and_names_the_damaged_one(
     assert f"optpipe: warning: skipped schedule {f['b']}: " in res.stderr
     assert "2 schedules, 1 profiles" in res.stderr and "skipped 1 row(s)" in res.stderr
     doc = json.loads(out.read_text())
-    assert [e["schedule"]["generator"] for e in doc["schedules"]] == ["fbw", "fbw-2"]
+    assert [e["schedule"]["generator"] for e in doc["schedules"]] == ["fbw", "1f1b"]
     target = f"sqlite:///{tmp_path}/other.db"  # what was written imports
     res = runner.invoke(app, ["import", str(out), "--db", target])
     assert res.exit_code == 0 and "2 new schedules" in res.stderr, res.output
