@@ -13,6 +13,7 @@ import numpy as np
 from .problem import Problem
 from .schedule import Violation
 from .sim_ops import OpArrays
+from .units import distinct
 
 MEMORY_TOLERANCE = 1e-9  # relative slack on the memory limit (float sums of byte counts)
 
@@ -81,13 +82,14 @@ def memory_violations(curves: list[MemoryCurve], limits: list[float | None]) -> 
         over = curve.bytes > lim * (1 + MEMORY_TOLERANCE) + 1e-6
         if over.any():
             i = int(np.argmax(over))
+            held, limit = distinct(float(curve.bytes[i]), lim)
             found.append(
                 Violation(
                     kind="memory",
                     stage=s,
                     time=float(curve.times[i]),
-                    message=f"stage {s} holds {curve.bytes[i]:.6g} bytes of activations at "
-                    f"t={curve.times[i]:.6g}s, over its limit {lim:.6g} "
+                    message=f"stage {s} holds {held} bytes of activations at "
+                    f"t={curve.times[i]:.6g}s, over its limit {limit} "
                     f"(peak {curve.peak:.6g} at t={curve.peak_time():.6g}s)",
                 )
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import evaluate
+from ..schedule.units import distinct
 from .bounds import memory_need_lower_bound
 from .results import InfeasibleMemoryLimit
 
@@ -85,10 +86,11 @@ def check_memory_limit(problem: Problem) -> None:
                 if problem.offload is not None
                 else "without offload (the problem has offload: null)"
             )
+            have, needed = distinct(lim, nd)
             raise InfeasibleMemoryLimit(
-                f"memory_limit {_fmt(lim)} on stage {s} is below what any schedule needs there "
-                f"({_fmt(nd)} bytes, {how}); the smallest feasible memory_limit is "
-                f"{_fmt(smallest)}",
+                f"memory_limit {have} on stage {s} is below what any schedule needs there "
+                f"({needed} bytes, {how}); the smallest feasible memory_limit is "
+                f"{distinct(smallest, lim)[0]}",
                 smallest,
             )
 

@@ -27,6 +27,7 @@ import numpy as np
 from ..problem import Problem
 from ..schedule import Action
 from ..simulator import MEMORY_TOLERANCE, MemoryCurve, SimResult, simulate
+from ..units import distinct
 from ._deadline import check_deadline
 from ._memory_bound import surely_over_limit
 
@@ -100,14 +101,16 @@ def below_one_activation(problem: Problem) -> str | None:
             continue
         slack = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         if float(m_f[s].max()) > slack:
+            have, need = distinct(lim, float(m_f[s].max()), 4)
             return (
-                f"stage {s}'s memory limit {lim:.4g} is below one activation "
-                f"(m_f {float(m_f[s].max()):.4g}), which no schedule or offload avoids"
+                f"stage {s}'s memory limit {have} is below one activation "
+                f"(m_f {need}), which no schedule or offload avoids"
             )
         if problem.offload is None and float(m_f[s].sum()) > slack:
+            have, need = distinct(lim, float(m_f[s].sum()), 4)
             return (
-                f"stage {s}'s memory limit {lim:.4g} is below one microbatch's activations over "
-                f"its {problem.num_chunks} chunks ({float(m_f[s].sum()):.4g}) and offload is null"
+                f"stage {s}'s memory limit {have} is below one microbatch's activations over "
+                f"its {problem.num_chunks} chunks ({need}) and offload is null"
             )
     return None
 
