@@ -2,6 +2,13 @@
 
 import importlib.util as _ilu
 import sys as _sys
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _version
+
+try:
+    __version__: str = _version("optpipe-lightning")
+except _NotInstalled:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 
 def _register_strategy() -> None:
