@@ -24,6 +24,12 @@ def _register_strategy(namespace: str = "lightning.pytorch") -> None:
     face = _FACES[namespace]
     if f"{face}.strategy" in _sys.modules:
         return  # that module registers the strategy itself when its import completes
+    if any(
+        name.startswith(f"{face}.")
+        and getattr(getattr(m, "__spec__", None), "_initializing", False)
+        for name, m in list(_sys.modules.items())
+    ):
+        return  # a module of the face is importing Lightning: registering now would be circular
     try:
         import importlib
 

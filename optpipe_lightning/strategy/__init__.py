@@ -16,13 +16,14 @@ except ImportError as _e:
         name="torch",
     ) from None
 
-from .lightning import namespaces as _namespaces
-from .planning.partition import PartitionError, balanced_partition
-from .planning.planner import NoScheduleError
-from .runtime.contract import ContractError, LayerChain, PipelineSpec, get_spec
-from .runtime.engine import PipelineEngine, ScheduleRejectedError
+from .lightning import namespaces as _namespaces  # noqa: E402 (after the torch check)
+from .planning.partition import PartitionError, balanced_partition  # noqa: E402 (after the torch check)
+from .planning.planner import NoScheduleError  # noqa: E402 (after the torch check)
+from .runtime.contract import ContractError, LayerChain, PipelineSpec, get_spec  # noqa: E402 (after the torch check)
+from .runtime.engine import PipelineEngine, ScheduleRejectedError  # noqa: E402 (after the torch check)
 
-_namespaces.install()  # optpipe_lightning.strategy.pytorch_lightning: the same, for pytorch_lightning
+# optpipe_lightning.strategy.pytorch_lightning: the same strategy, for pytorch_lightning
+_namespaces.install()
 
 __all__ = [
     "ContractError",

@@ -31,7 +31,9 @@ _NAMES = re.compile(r"(?<![\w.])lightning\.(pytorch|fabric)\b")
 def classic_source(text: str) -> str:
     """``text`` with ``lightning.pytorch`` / ``lightning.fabric`` as ``pytorch_lightning`` /
     ``lightning_fabric`` (the rewrite that makes the ``pytorch-lightning`` package)."""
-    return _NAMES.sub(lambda m: "pytorch_lightning" if m[1] == "pytorch" else "lightning_fabric", text)
+    return _NAMES.sub(
+        lambda m: "pytorch_lightning" if m[1] == "pytorch" else "lightning_fabric", text
+    )
 
 
 class _ClassicLoader(importlib.abc.SourceLoader):
