@@ -99,3 +99,11 @@ def test_the_license_file_is_apache_2() -> None:
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+
+
+def test_readme_links_work_on_the_package_index() -> None:
+    # PyPI renders README.md without the repository: a relative link or image would break there
+    import re
+
+    relative = re.findall(r"\]\((?!https?://)([^)]+)\)", (ROOT / "README.md").read_text())
+    assert relative == []
