@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _shared import add_mlp_args
 from torch import nn
 
 OPS = ("F", "B", "W", "BW")
@@ -371,11 +372,7 @@ def _fmt_ops(d: dict[str, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--microbatches", type=int, default=8)
+    add_mlp_args(ap, layers=4)
     ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per schedule per round")
     ap.add_argument(

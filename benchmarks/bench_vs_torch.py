@@ -59,6 +59,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _shared import add_mlp_args
+
 TORCH_CLASSES = {
     "1f1b": "Schedule1F1B",
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -775,11 +777,7 @@ def main() -> None:
         "--default-steps", type=int, default=0, help="steps of the default-mode run (0: none)"
     )
     ap.add_argument("--solver-time-limit", type=float, default=30.0)
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--microbatches", type=int, default=8)
+    add_mlp_args(ap, layers=8)
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
     ap.add_argument(
         "--optpipe-launch",

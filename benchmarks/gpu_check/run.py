@@ -40,7 +40,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,24 +96,15 @@ GPU_SIZES = Sizes(
     stage_steps=3,
     solver_seconds=10.0,
 )
-CPU_SIZES = Sizes(
-    dtype=torch.float32,
-    copy_bytes=4 << 20,
-    copy_reps=3,
-    mm_tokens=256,
-    mm_hidden=128,
-    mm_reps=4,
-    shapes=(LayerShape(32, 2, 16, 2), LayerShape(64, 4, 32, 1)),
-    layers_per_stage=2,
-    op_microbatches=2,
-    op_steps=1,
-    stage_shape=0,
-    stages=2,
-    microbatches=4,
-    limit_fraction=0.6,
-    stage_steps=1,
+# the same sections at sizes a CPU runs in seconds (every field but layers_per_stage differs)
+# fmt: off
+CPU_SIZES = replace(
+    GPU_SIZES, dtype=torch.float32, copy_bytes=4 << 20, copy_reps=3, mm_tokens=256, mm_hidden=128,
+    mm_reps=4, shapes=(LayerShape(32, 2, 16, 2), LayerShape(64, 4, 32, 1)), op_microbatches=2,
+    op_steps=1, stage_shape=0, stages=2, microbatches=4, limit_fraction=0.6, stage_steps=1,
     solver_seconds=0.3,
 )
+# fmt: on
 # seconds a section needs at least before it is worth starting (GPU sizes; CPU needs less)
 MIN_SECONDS = {
     "copy_engines": 8,

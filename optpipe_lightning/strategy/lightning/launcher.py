@@ -81,6 +81,32 @@ def release_finished_world() -> None:
     gc.collect()
 
 
+def take_returned_tensors(module: Any, state_dict: Any, *args: Any) -> None:
+    """Before rank 0's state loads into the launching process's module: tensors rank 0 dropped
+    (another rank's layers) are dropped here too (no stale copy stays), and where this module's tensors are on the meta device (built by
+    ``configure_model``) the tensors rank 0 brings get storage (on the CPU) and land there."""
+    import torch
+
+    from ..runtime.materialize import META
+
+    dropped = {k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and v.is_meta}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name in dropped and not t.is_meta:  # trained elsewhere: no stale copy stays here
+            swap = torch.empty_like(t, device=META)
+            if isinstance(t, torch.nn.Parameter):
+                swap = torch.nn.Parameter(swap, requires_grad=t.requires_grad)
+            torch.utils.swap_tensors(t, swap)
+    for name in dropped:
+        del state_dict[name]
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        value = state_dict.get(name)
+        if t.is_meta and isinstance(value, torch.Tensor) and value.device != META:
+            new = torch.empty_like(t, device="cpu")
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            torch.utils.swap_tensors(t, new)
+
+
 class LaunchChecks(Protocol):
     """What the launcher asks of the strategy it launches (``OptPipeStrategy``), beside Lightning's
     ``ParallelStrategy``: named here so that this module does not import ``strategy.py``."""
@@ -134,11 +160,19 @@ class CheckingLauncher(_Launcher):
             release_finished_world()
         if self.start_method != "popen":  # rank 0 hosts the rendezvous store on this machine
             free_main_port(self.strategy.cluster_environment)
-        if self.start_method == "fork":
-            # the forked ranks must never collect this process's objects (``fork_safety``)
-            with inherited_objects_frozen():
-                return self.inner.launch(function, *args, trainer=trainer, **kwargs)
-        return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+        hook = None
+        if self.start_method != "popen" and isinstance(model, pl.LightningModule):
+            # a sharded model: this process's module takes what rank 0 returns (its layers)
+            hook = model.register_load_state_dict_pre_hook(take_returned_tensors)
+        try:
+            if self.start_method == "fork":
+                # the forked ranks must never collect this process's objects (``fork_safety``)
+                with inherited_objects_frozen():
+                    return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+            return self.inner.launch(function, *args, trainer=trainer, **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def kill(self, signum: Any) -> None:  # pragma: no cover - signal path
         kill = getattr(self.inner, "kill", None)

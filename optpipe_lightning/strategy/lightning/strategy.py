@@ -16,7 +16,11 @@ module named for it:
   forward; logs and outputs shared by the last stage); ``microbatch.py``: batches into
   microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
-  clipping); ``checkpoint.py``: the whole model and optimizer state, collected.
+  clipping); ``checkpoint.py``: the whole model and optimizer state, collected;
+- ``model_state.py`` (this class's base): what each rank holds of the model -- built on the
+  meta device by ``configure_model``, each rank materialising only its own layers
+  (``runtime/materialize.py``) -- and the checkpoints, sharded (``runtime/sharded_checkpoint.py``)
+  or one file.
 
 The strategy owns forward and backward: ``training_step`` runs one pipelined step (the module's
 own ``training_step`` per microbatch on the last stage) and returns the batch's mean loss,
@@ -31,7 +35,7 @@ from __future__ import annotations
 import logging
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -41,7 +45,6 @@ import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only
@@ -58,13 +61,20 @@ from ..planning.options import (
 )
 from ..planning.partition import balanced_partition, validate_partition
 from ..records.run_log import prefetch_database
-from ..runtime.checkpoint import full_state_dict, load_optimizer_states, merged_optimizer_state
+from ..runtime.checkpoint import full_state_dict
 from ..runtime.contract import ContractError, PipelineSpec, get_spec
 from ..runtime.fork_safety import set_cpu_threads
 from ..runtime.host_allocator import tune_host_allocator
+from ..runtime.materialize import (
+    allocate,
+    build_on_meta,
+    check_materialisable,
+    has_meta_tensors,
+)
 from ..runtime.process_groups import PipelineComm, make_groups
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
+from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .private_api import (
     _distributed_is_initialized,
@@ -79,7 +89,7 @@ __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 log = logging.getLogger(__name__)
 
 
-class OptPipeStrategy(ParallelStrategy):
+class OptPipeStrategy(ModelStateStrategy):
     """Pipeline-parallel training over optpipe schedules (see docs/strategy.md).
 
     Args:
@@ -132,6 +142,14 @@ class OptPipeStrategy(ParallelStrategy):
             another allocator is preloaded.
         calibrate_budget: share of the training time calibrations may take (a calibration
             waits until its cost is that share of the steps since the last); None: no limit.
+        shard_model: each rank holds only its own layers (the others' tensors are dropped
+            after setup); ``"auto"``: when the module builds its layers in ``configure_model``
+            (on the meta device, then materialised per rank; see ``materialize.py``).
+        checkpoint_format: ``"sharded"`` (a directory, one DCP shard per rank, resumable on
+            another partition or stage count), ``"full"`` (one file, the whole model collected:
+            for small models) or ``"auto"`` (sharded when the model is).
+        full_model_after_fit: after ``fit``, every rank's module takes the whole trained model
+            (collected from all stages); ``None``: only when the model is not sharded.
     """
 
     strategy_name = "optpipe"
@@ -169,6 +187,9 @@ class OptPipeStrategy(ParallelStrategy):
         calibrate_min_steps: int = 8,
         tune_host_allocator: bool = True,
         calibrate_budget: float | None = 0.005,
+        shard_model: bool | Literal["auto"] = "auto",
+        checkpoint_format: CheckpointFormat = "auto",
+        full_model_after_fit: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -202,6 +223,7 @@ class OptPipeStrategy(ParallelStrategy):
             tune_host_allocator=tune_host_allocator,
             calibrate_budget=calibrate_budget,
         )
+        self.init_model_state(shard_model, checkpoint_format, full_model_after_fit)
         self._start_method = start_method
         self._process_group_backend = process_group_backend
         self._timeout = timeout
@@ -299,8 +321,11 @@ class OptPipeStrategy(ParallelStrategy):
 
     def precheck_model(self, model: Any, fitting: bool = False) -> PipelineSpec:
         """The model contract and the layer count, checked in the launching process."""
+        build_on_meta(model)  # layers made in configure_model exist (on the meta device)
         spec = get_spec(model)
         check_layers(self.options, len(spec.layers), self.num_stages)
+        if has_meta_tensors(model):
+            check_materialisable(model, spec.layers)
         name = type(model).__name__
         if not getattr(model, "automatic_optimization", True):
             raise OptPipeConfigError(
@@ -324,6 +349,7 @@ class OptPipeStrategy(ParallelStrategy):
 
     def connect(self, model: pl.LightningModule) -> None:
         """A module without its own steps gets the ones its ``PipelineSpec.loss_fn`` makes."""
+        build_on_meta(model)
         spec = get_spec(model)
         self._installed = []
         if spec.loss_fn is not None:
@@ -371,12 +397,14 @@ class OptPipeStrategy(ParallelStrategy):
         self._status = None
         self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
         requested = self.options.num_microbatches
+        partition = self._partition(self.spec)
+        self.own_layers(self.lightning_module, self.spec, partition)
         self.scheduler = Scheduler(
             self.options,
             self.spec,
             self.comm,
             self.root_device,
-            self._partition(self.spec),
+            partition,
             requested if isinstance(requested, int) else None,
             model_name=type(self.lightning_module).__name__,
             backend=self._process_group_backend or "gloo",
@@ -384,6 +412,7 @@ class OptPipeStrategy(ParallelStrategy):
             module=self.lightning_module,
             optimizers=lambda: self.optimizers,
         )
+        self.scheduler.sharded = self.sharded
         if self.options.data_parallel == 1:
             # every rank logs the last stage's values: one replica needs no sync_dist
             warnings.filterwarnings(
@@ -476,9 +505,13 @@ class OptPipeStrategy(ParallelStrategy):
 
     def on_train_end(self) -> None:
         """Every rank's module takes the whole trained model (each layer from its stage): the
-        module left in the user's process after ``fit`` is the trained one, for every launcher."""
+        module left in the user's process after ``fit`` is the trained one, for every launcher.
+        A sharded model keeps each rank's own layers only, unless ``full_model_after_fit``."""
         module, sched, _ = self._parts()
-        if sched.engine is not None:
+        if sched.engine is not None and self.whole_model_after_fit:
+            if self.sharded:
+                for m in module.modules():  # room for the layers collected from other ranks
+                    allocate(m, self.root_device)
             module.load_state_dict(full_state_dict(module, sched.engine, self.comm))
 
     def on_validation_end(self) -> None:
@@ -530,22 +563,6 @@ class OptPipeStrategy(ParallelStrategy):
         self._refuse_in_step("all_gather")
         return super().all_gather(tensor, group, sync_grads)
 
-    # ---- checkpoints -------------------------------------------------------------------------
-
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The full model, every layer from the rank that trains it (collected on every rank)."""
-        assert self.lightning_module is not None
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return full_state_dict(self.lightning_module, engine, self.comm)
-
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """The optimizer state of all stages merged (parameter indices agree on every rank)."""
-        engine = self.scheduler.engine if self.scheduler is not None else None
-        return merged_optimizer_state(optimizer, engine, self.comm)
-
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        load_optimizer_states(self.optimizers, checkpoint["optimizer_states"], self.root_device)
-
     # ---- the end ----------------------------------------------------------------------------
 
     def on_exception(self, exception: BaseException) -> None:
@@ -561,7 +578,8 @@ class OptPipeStrategy(ParallelStrategy):
             if module is not None:
                 module.__dict__.pop(hook, None)
         self._installed = []
-        super().teardown()
+        with self.sharded_teardown(module):
+            super().teardown()
 
 
 def _notify(text: str, detail: bool) -> None:

@@ -87,6 +87,9 @@ def load_optimizer_states(
 ) -> None:
     for optimizer, state in zip(optimizers, states, strict=False):
         optimizer.load_state_dict(state)
+        opt = getattr(optimizer, "_optimizer", optimizer)
+        for p in [p for p in opt.state if p.is_meta]:  # another rank's layer (sharded model)
+            del opt.state[p]
         optimizer_state_to(optimizer, device)
 
 

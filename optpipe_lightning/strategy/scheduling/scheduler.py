@@ -44,6 +44,7 @@ from ..planning.planner import NoScheduleError, Placement, profiling_schedule
 from ..records.step_records import StepRecords
 from ..runtime.contract import PipelineSpec
 from ..runtime.engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
+from ..runtime.materialize import layer_owners, move_layers
 from ..runtime.op_memory import limits_less_reserve
 from ..runtime.process_groups import PipelineComm
 from .calibration import Calibrator
@@ -132,6 +133,7 @@ class Scheduler:
         self._profiled_steps = 0
         self._profile_walls: list[float] = []  # wall seconds of each profiling step
         self._may_repartition = False
+        self.sharded = False  # each rank holds only its own layers (layers move between ranks)
         self.times = StepTimes()  # optimizer steps' wall times, the next one's prediction
         self._solve_pending = False  # a solve is to be planned at the next boundary
         self._total_steps: float | None = None  # optimizer steps of the whole fit (inf: unknown)
@@ -553,7 +555,13 @@ class Scheduler:
         the profiling schedule on the new layout until the next schedule is adopted."""
         assert self.engine is not None
         self.engine.finish_loss_handout()
-        move_to_partition(module, optimizers, self.engine, self.comm, self.device)
+        if self.sharded:
+            p, n = self.comm.num_stages, len(self.spec.layers)
+            old = layer_owners(n, self.partition, p, self.num_chunks, self.placement)
+            new = layer_owners(n, partition, p, num_chunks, placement)
+            move_layers(module, self.spec.layers, optimizers, old, new, self.comm, self.device)
+        else:
+            move_to_partition(module, optimizers, self.engine, self.comm, self.device)
         self.partition, self.num_chunks, self.placement = partition, num_chunks, placement
         if self._model_fp is not None:
             update = {"num_chunks": num_chunks, "partition": partition}
