@@ -2,7 +2,8 @@
 # Every declared lower bound, installed together: a fresh venv OUTSIDE the checkout, the package
 # with its [train,inspector] extras resolved by uv with `--resolution lowest-direct` (each direct
 # dependency at its floor, the rest at their newest compatible release), then the installed smoke
-# test (scripts/smoke_installed.py): CLI, compare, db round trip, a 2-process fit.
+# test (scripts/smoke_installed.py): CLI, compare, db round trip, inspector health, a 2-process
+# fit. Fails too when a direct dependency is not installed at its floor (scripts/at_floors.py).
 #
 # torch is the one exception: only the CPU wheels on this machine's local wheel folder may be
 # installed (every other torch on PyPI is a multi-GB CUDA build), so torch is pinned to
@@ -37,6 +38,7 @@ echo "check_floors: installed (direct dependencies):"
 grep -i -E '^(numpy|pydantic|typer|rich|ortools|sqlalchemy|alembic|torch|lightning|streamlit|altair|pandas|click)==' \
   "$WORK/freeze.txt" | tr '\n' ' '
 echo
+python3 "$ROOT/scripts/at_floors.py" "$ROOT/pyproject.toml" "$WORK/freeze.txt"
 cd "$WORK"
-"$WORK/venv/bin/python" "$ROOT/scripts/smoke_installed.py" --examples "$ROOT/examples" --fit
+"$WORK/venv/bin/python" "$ROOT/scripts/smoke_installed.py" --examples "$ROOT/examples" --inspector --fit
 echo "check_floors: passed"
