@@ -5,7 +5,8 @@ Run it with the venv's python from a directory outside the checkout (the scripts
 
     VENV/bin/python scripts/smoke_installed.py --examples CHECKOUT/examples [--inspector] [--fit]
 
-Checks, each a subprocess of the installed ``optpipe`` console script: ``--help``, ``compare`` on
+Checks, each a subprocess of the installed ``optpipe`` console script: ``--help``, ``--version``
+(against ``optpipe_lightning.__version__``), ``compare`` on
 a shipped example problem, a database round trip (``solve --db``, ``db export``, ``db import``
 into a second database, ``db list``, ``db check``), optionally the inspector's health endpoint
 and a 2-process fit (``examples/train_gpt.py``, gloo). Exits 1 with the failing step's output.
@@ -97,6 +98,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="optpipe-smoke-") as tmp:
         os.chdir(tmp)
         step("optpipe --help", [optpipe, "--help"])
+        shown = step("optpipe --version", [optpipe, "--version"]).strip()
+        if shown != f"optpipe-lightning {optpipe_lightning.__version__}":
+            sys.exit(
+                f"smoke: --version printed {shown!r}, the package is {optpipe_lightning.__version__}"
+            )
         out = step("compare", [optpipe, "compare", problem, "--time-limit", "5", "--json"])
         if not json.loads(out):
             sys.exit("smoke: compare printed an empty document")
