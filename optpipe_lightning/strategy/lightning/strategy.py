@@ -43,12 +43,6 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
-    _sync_ddp_if_available,
-)
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -83,6 +77,12 @@ from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
 from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
+from .private_api import (
+    _distributed_is_initialized,
+    _get_default_process_group_backend_for_device,
+    _init_dist_connection,
+    _sync_ddp_if_available,
+)
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
 __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
