@@ -167,12 +167,13 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room() -> None:
     assert t[Action(REL, 0)] == (6.0, 8.0)  # ready at 4 (F2's end), room at 6 (it settles OFF1)
     assert res.timeline.reload_waits == [[(5, 4)]]  # REL0 (position 5) waits for OFF1 (4)
     assert res.timeline.memory_waits == [[(3, 1)]]  # F2 waits for OFF0
-    # one lane: F2 ending at 3 fits (OFF0 settles at BW2's start, 3: the same instant nets
-    # out), and the reload queues behind offload 1 anyway, no wait to name
+    # one lane: F2 waits the same way (ending at 3 it would allocate while offload 0's copy
+    # is still held: its settle point, BW2, comes after), and the reload queues behind
+    # offload 1 anyway, no reload wait to name
     half = simulate(_problem(False).with_changes(num_microbatches=3), rows)
     assert half.feasible
-    assert _times(half)[Action(REL, 0)] == (5.0, 7.0)
-    assert half.timeline.memory_waits == [[]] and half.timeline.reload_waits == [[]]
+    assert _times(half)[Action(REL, 0)] == (6.0, 8.0)
+    assert half.timeline.memory_waits == [[(3, 1)]] and half.timeline.reload_waits == [[]]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

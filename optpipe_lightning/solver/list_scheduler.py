@@ -7,8 +7,10 @@ transfer is issued the way the simulator issues it (after the compute op listed 
 the simulator reproduces the greedy's timing; the simulator still judges every result.
 
 The simulator runs each op as soon as its list position and dependencies allow; the one wait it
-knows is the memory wait (an F that would not fit ends when an earlier offload of its stage that
-makes it fit ends). So a forward that is ready but does not fit either waits that way (rules with
+knows is the memory wait (an F that would not fit starts when an earlier offload of its stage that
+makes it fit ends: the F is then that offload's settle point). Here an offload's bytes leave
+the stage's longest F after its copy ends (exact for the F that waits when the stage's F's are
+alike, conservative otherwise). So a forward that is ready but does not fit either waits that way (rules with
 ``wait``, only when no B or W is ready to fill the time) or is put after the next op that becomes
 ready later (the device idles until then).
 
@@ -54,6 +56,9 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         for name in ("t_f", "t_b", "t_w", "t_comm", "m_f", "m_b", "m_w", "offload_bytes")
     )
     t_off = [[pb.offload_time(s, c) for c in range(v)] for s in range(p)]
+    # an offload's bytes leave at its settle point (``sim_memory``): counted here, as in the
+    # CP-SAT model (``cpsat.settle_delay``), the stage's longest F after the copy's end
+    settle_after = [max(float(x) for x in row) for row in t_f]
     t_rel = [[pb.reload_time(s, c) for c in range(v)] for s in range(p)]
     limits = pb.memory_limits()
     # copy lanes (``schedule.lanes``): per stage (offload lane, reload lane), the same one on
@@ -112,7 +117,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         f_top[g] + b_from_top[g] >= rule.trip_room * (t_off[s][c] + t_rel[s][c]) - _EPS
         for g, (s, c) in enumerate(table)
     ]
-    stage_off_ends: list[list[float]] = [[] for _ in range(p)]  # each stage's offload ends
+    # each stage's offloads' (conservative) settle times: copy end + settle_after
+    stage_off_ends: list[list[float]] = [[] for _ in range(p)]
     trig_wait: dict[tuple[int, int], list[int]] = {}  # (trigger group, mb) -> groups to reload
     reservation = [[-1.0] * m for _ in range(G)]  # from when a planned reload's memory counts
     reserved: list[list[tuple[float, float]]] = [[] for _ in range(p)]  # ... per stage
@@ -169,7 +175,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         plan = lane_plan[lane_r]
         bb = float(ob[s][c])
         # now: the copy must free the memory before anything else needs it
-        if not mem[s].fits_many([(fe, need), (oe, -bb)], reserved[s]):
+        free_t = oe + settle_after[s]
+        if not mem[s].fits_many([(fe, need), (free_t, -bb)], reserved[s]):
             return None
         # later: the reload must fit beside the activations the stage holds (freed at their
         # earliest B and W ends); a later trigger (its B then waits for it) if the first does not
@@ -181,7 +188,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             re_ = est + t_rel[s][c]
             if not any(a < re_ - _EPS and est < b - _EPS for a, b in plan.values()):
                 ahead = forecast(s, now) + reserved[s]
-                if mem[s].fits_many([(fe, need), (oe, -bb), (est, bb)], ahead):
+                if mem[s].fits_many([(fe, need), (free_t, -bb), (est, bb)], ahead):
                     return oe, est, tg
             tg -= 1
         return None
@@ -230,8 +237,8 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         rows[s].append(Action(op, j, c))
         lane_free[lane] = st + dur
         if op == "OFFLOAD":
-            mem[s].add(st + dur, -float(ob[s][c]))
-            stage_off_ends[s].append(st + dur)
+            mem[s].add(st + dur + settle_after[s], -float(ob[s][c]))
+            stage_off_ends[s].append(st + dur + settle_after[s])
             off_end[g][j] = st + dur
         else:
             mem[s].add(st, float(ob[s][c]))

@@ -70,6 +70,7 @@ class _TimedEngine(HostCopyEngine):
         self.seen_done = seen_done
         self.issued = 0
         self.log: list[str] = []
+        self.manager: Any = None
 
     def offload(self, flats: Sequence[torch.Tensor]) -> tuple[HostCopy, Any]:
         host, _ = super().offload(flats)
@@ -85,6 +86,12 @@ class _TimedEngine(HostCopyEngine):
         if event is not None:
             self.log.append(f"compute-waits:{event.name}")
 
+    def timed_wait(self, event: Any) -> Any:
+        """As ``wait``; the compute waits until the copy's end when it is still running."""
+        self.wait(event)
+        waited = max(0.0, event.end - self.clock) if event is not None else 0.0
+        return lambda: waited
+
     def reload(
         self, host: HostCopy, device: torch.device, after: Any, also: Sequence[Any] = ()
     ) -> tuple[list[torch.Tensor], Any]:
@@ -93,15 +100,18 @@ class _TimedEngine(HostCopyEngine):
         return super().reload(host, device, after)
 
 
-def _run(rows: list[Action], waits: StageWaits, seen_done: bool) -> tuple[list[float], Any]:
+def _run(
+    rows: list[Action], waits: StageWaits, seen_done: bool, late: float = 0.0
+) -> tuple[list[float], Any]:
     """Drive the cursor through ``rows`` at the simulator's times; the device bytes after each
     instant (the manager's, plus the activations that are not offloaded), and the engine."""
     res = simulate(_problem(), [rows])
     assert res.feasible and res.timeline is not None
     start = [float(x) for x in res.timeline.start[0]]
     end = [float(x) for x in res.timeline.end[0]]
-    engine = _TimedEngine([end[k] for k, a in enumerate(rows) if a.op == OFF], seen_done)
+    engine = _TimedEngine([end[k] + late for k, a in enumerate(rows) if a.op == OFF], seen_done)
     mgr = OffloadManager(torch.device("cpu"), [], min_bytes=0, engine=engine)
+    engine.manager = mgr
     cursor = RankCursor(
         rows, mgr, torch.device("cpu"), waits=waits.settle, reload_waits=waits.reloads
     )
@@ -235,3 +245,21 @@ def test_reloads_listed_behind_a_waiting_one_keep_their_order() -> None:
         "reload@0:h2d-waits[off1]",
         *("BW2", "BW0", "compute-waits:off0", "BW1"),  # BW0's release: offload 0 never seen done
     ]
+
+
+def test_a_copy_that_runs_late_makes_the_executor_wait_not_hold_more() -> None:
+    """Each offload's copy ends 1.5 s after the simulator says: no poll sees it done at its
+    settle point, so the compute waits there (the wait is measured) and the bytes held at every
+    action start are still the simulator's."""
+    res = simulate(_problem(), [ROWS])
+    assert res.timeline is not None
+    (waits,) = execution_waits(res.timeline)
+    on_time, engine0 = _run(ROWS, waits, seen_done=True)
+    late, engine = _run(ROWS, waits, seen_done=True, late=1.5)
+    assert late[0::2] == on_time[0::2]  # the same bytes at every action start
+    assert max(late) <= res.evaluation.peak_memory[0]
+    assert engine0.manager.settle_wait_seconds() == 0.0
+    # F2 waits for offload 0 (ends 4.5, F2 starts at 3), BW0 for offload 1 (ends 7.5, BW0
+    # starts at 8: done by then, its poll drops it)
+    assert "compute-waits:off0" in engine.log
+    assert engine.manager.settle_wait_seconds() == pytest.approx(1.5)
