@@ -98,17 +98,32 @@ def _schedule_with_offloads(problem: Problem, seconds: float) -> tuple[Schedule,
         if r.schedule.num_offloaded() > 0:
             return r.schedule, "; ".join([how, *notes]), problem
         notes.append(f"{how} offloads nothing (makespan {r.makespan:.4g} s)")
-    for name in ("adaoffload", "pipeoffload"):
-        try:
-            s = generate(name, problem)
-        except NotApplicable:
-            continue
-        except Exception as e:  # a baseline that fails here is noted, the others still count
-            notes.append(f"{name}: {type(e).__name__}: {e}")
-            continue
-        ev = simulate(problem, s).evaluation
-        if ev.feasible and ev.makespan is not None and s.num_offloaded() > 0:
-            cands.append((ev.makespan, s, f"baseline {name}"))
+
+    def baselines(pb: Problem) -> None:
+        for name in ("adaoffload", "pipeoffload"):
+            try:
+                s = generate(name, pb)
+            except NotApplicable:
+                continue
+            except Exception as e:  # a baseline that fails here is noted, the others still count
+                notes.append(f"{name}: {type(e).__name__}: {e}")
+                continue
+            ev = simulate(pb, s).evaluation
+            if ev.feasible and ev.makespan is not None and s.num_offloaded() > 0:
+                cands.append((ev.makespan, s, f"baseline {name}"))
+
+    baselines(problem)
+    if not cands:
+        # offloads may not pay at this limit (an offload's bytes leave only at its settle
+        # point): go down to the smallest limit known to work, where they must
+        from optpipe_lightning.solver.feasibility import smallest_feasible_limit
+
+        low = max(smallest_feasible_limit(problem)[1]) * 1.02
+        limits = [x for x in problem.memory_limits() if x is not None]
+        if limits and low < min(limits):
+            problem = problem.with_changes(memory_limit=low)
+            notes.append(f"limit lowered to 1.02x the smallest feasible ({low:.4g})")
+            baselines(problem)
     if not cands:
         raise RuntimeError("no schedule with offloads fits the limit: " + "; ".join(notes))
     _, best, how = min(cands, key=lambda c: c[0])

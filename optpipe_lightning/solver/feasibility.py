@@ -11,7 +11,7 @@ finish in time, the two agree and the smallest feasible limit is exact.
 from __future__ import annotations
 
 from ..schedule.problem import Problem
-from ..schedule.schedule import Action, Schedule
+from ..schedule.schedule import Action, Evaluation, Schedule
 from ..schedule.simulator import evaluate
 from .bounds import memory_need_lower_bound
 from .results import InfeasibleMemoryLimit
@@ -61,8 +61,10 @@ def smallest_feasible_limit(problem: Problem) -> tuple[list[float], list[float]]
     need = memory_need_lower_bound(problem)
     # timed under the bound first: a forward then waits for the copy whose room it needs (an
     # offload's bytes leave at its settle point, the start of a compute action after the copy)
-    ev = evaluate(problem.with_changes(memory_limit=need), sequential_rows(problem, True))
-    if not ev.feasible:
+    ev: Evaluation | None = evaluate(
+        problem.with_changes(memory_limit=need), sequential_rows(problem, True)
+    )
+    if ev is None or not ev.feasible:
         ev = minimal_memory_schedule(problem).evaluation
     assert ev is not None
     peaks = list(ev.peak_memory)
