@@ -30,21 +30,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from _shared import fbw_rows
+
 from optpipe_lightning.profiles_db import SolverEventRecorder, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.schedule import Action, Problem
+from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import make_schedule
 from optpipe_lightning.schedule.profile import HardwareFingerprint, ModelFingerprint
-
-
-def fbw_rows(p: int, m: int, v: int) -> list[list[Action]]:
-    rows = []
-    for _ in range(p):
-        row = [Action("F", i, c) for c in range(v) for i in range(m)]
-        row += [Action("B", i, c) for c in reversed(range(v)) for i in range(m)]
-        row += [Action("W", i, c) for c in reversed(range(v)) for i in range(m)]
-        rows.append(row)
-    return rows
 
 
 def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:

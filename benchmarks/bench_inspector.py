@@ -196,7 +196,7 @@ def main() -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    from optpipe_lightning.demo import demo_problem, demo_profile
+    from optpipe_lightning.cli.demo import demo_problem, demo_profile
     from optpipe_lightning.inspector.launch import streamlit_command
     from optpipe_lightning.schedule.baselines import generate
 

@@ -14,17 +14,9 @@ import argparse
 import statistics
 import time
 
+from _shared import fbw_rows
+
 from optpipe_lightning.schedule import Action, Problem, simulate
-
-
-def gpipe_like(p: int, m: int, v: int) -> list[list[Action]]:
-    rows = []
-    for _s in range(p):
-        row = [Action("F", i, c) for c in range(v) for i in range(m)]
-        row += [Action("B", i, c) for c in reversed(range(v)) for i in range(m)]
-        row += [Action("W", i, c) for c in reversed(range(v)) for i in range(m)]
-        rows.append(row)
-    return rows
 
 
 def offload_everything(p: int, m: int, v: int) -> list[list[Action]]:
@@ -73,7 +65,7 @@ def main() -> None:
     )
     print("| order | ops | median seconds | ops/s |\n|---|---|---|---|")
     for name, rows in (
-        ("gpipe-like", gpipe_like(p, m, v)),
+        ("gpipe-like", fbw_rows(p, m, v)),
         ("offload-everything", offload_everything(p, m, v)),
     ):
         n = sum(len(r) for r in rows)

@@ -24,8 +24,8 @@ from bench_solver import make_problem
 from typer.testing import CliRunner
 
 from optpipe_lightning.cli import app
+from optpipe_lightning.cli.size_guard import MAX_UNITS, min_time_limit
 from optpipe_lightning.schedule.baselines import generate
-from optpipe_lightning.size_guard import MAX_UNITS, min_time_limit
 
 runner = CliRunner()
 

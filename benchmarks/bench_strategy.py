@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _shared import add_mlp_args
 from torch import nn
 
 OPS = ("F", "B", "W", "BW")
@@ -60,25 +61,25 @@ def _loadavg() -> list[float]:
 
 def _worker(rank: int, world: int, init: str, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
-    from optpipe_lightning.strategy.host_allocator import tune_host_allocator
+    from optpipe_lightning.strategy.runtime.host_allocator import tune_host_allocator
 
     # what OptPipeStrategy.setup_environment does on CPU
     allocator = tune_host_allocator() if args.tune_allocator else "allocator left as it is"
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from optpipe_lightning.schedule import Schedule, simulate
-    from optpipe_lightning.strategy.calibration import (
-        StepSampler,
-        calibrate,
-        robust_mean,
-    )
-    from optpipe_lightning.strategy.engine import PipelineEngine
-    from optpipe_lightning.strategy.partition import balanced_partition
-    from optpipe_lightning.strategy.planner import (
+    from optpipe_lightning.strategy.planning.partition import balanced_partition
+    from optpipe_lightning.strategy.planning.planner import (
         choose_schedule,
         initial_problem,
         profiling_schedule,
     )
-    from optpipe_lightning.strategy.profiler import (
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
+    from optpipe_lightning.strategy.scheduling.calibration import (
+        StepSampler,
+        calibrate,
+        robust_mean,
+    )
+    from optpipe_lightning.strategy.scheduling.profiler import (
         build_profile,
         gather,
         hardware_fingerprint,
@@ -341,7 +342,7 @@ def _old_profile_problem(
     plain means, the first ``m`` samples of every list dropped (the warm-up step's forwards,
     but two steps' worth of B, W and BW), overhead = residual / busiest rank's actions."""
     from optpipe_lightning.schedule import simulate
-    from optpipe_lightning.strategy.profiler import gather
+    from optpipe_lightning.strategy.scheduling.profiler import gather
 
     mine = {
         op: (warm.get((op, 0), []) + times.get((op, 0), []))[m:] for op in ("F", "B", "W", "BW")
@@ -359,7 +360,7 @@ def _old_profile_problem(
     sim = float(simulate(pb, actions).makespan or 0.0)
     busiest = max(sum(1 for a in row if a.op in ("F", "B", "W", "BW")) for row in actions)
     delta = max(0.0, statistics.median(walls) - sim) / busiest if walls else 0.0
-    from optpipe_lightning.strategy.calibration import with_action_overhead
+    from optpipe_lightning.strategy.scheduling.calibration import with_action_overhead
 
     # (the old code added the overhead to the profile's F, B, W and BW means alike)
     return with_action_overhead(pb, delta)
@@ -371,11 +372,7 @@ def _fmt_ops(d: dict[str, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--microbatches", type=int, default=8)
+    add_mlp_args(ap, layers=4)
     ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per schedule per round")
     ap.add_argument(

@@ -59,6 +59,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _shared import add_mlp_args
+
 TORCH_CLASSES = {
     "1f1b": "Schedule1F1B",
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -66,7 +68,7 @@ TORCH_CLASSES = {
     "interleaved-zb": "ScheduleInterleavedZeroBubble",
 }
 OWN_NAMES = {"1f1b": "1f1b", "interleaved-1f1b": "interleaved-1f1b", "zbv": "zbv"}
-MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30  # what strategy/host_allocator.py sets
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30  # what strategy/runtime/host_allocator.py sets
 
 
 # ---- the model, the same on both sides ---------------------------------------------------------
@@ -276,10 +278,10 @@ def optpipe_child(args: argparse.Namespace) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    import optpipe_lightning.strategy.engine as engine_mod
+    import optpipe_lightning.strategy.runtime.engine as engine_mod
     from optpipe_lightning.strategy import PipelineSpec
-    from optpipe_lightning.strategy.scheduling import Scheduler
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
     timeline = {"start": process_start(), "imported": time.time()}
     keys = ("pipeline", "loss", "boundary", "optimizer")
@@ -461,8 +463,8 @@ def pair_child(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import schedules as sch
 
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy.engine import PipelineEngine
-    from optpipe_lightning.strategy.planner import initial_problem
+    from optpipe_lightning.strategy.planning.planner import initial_problem
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -775,11 +777,7 @@ def main() -> None:
         "--default-steps", type=int, default=0, help="steps of the default-mode run (0: none)"
     )
     ap.add_argument("--solver-time-limit", type=float, default=30.0)
-    ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--microbatches", type=int, default=8)
+    add_mlp_args(ap, layers=8)
     ap.add_argument("--allocator", choices=("tuned", "default"), default="tuned")
     ap.add_argument(
         "--optpipe-launch",

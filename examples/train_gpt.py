@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 
 class AffineSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -6,10 +6,10 @@ import sys as _sys
 
 def _register_strategy() -> None:
     """Register "optpipe" in Lightning's StrategyRegistry (never fails the import)."""
-    if "optpipe_lightning.strategy.strategy" in _sys.modules:
+    if "optpipe_lightning.strategy.lightning.strategy" in _sys.modules:
         return  # that module registers the strategy itself when its import completes
     try:
-        from .strategy.registration import register
+        from .strategy.lightning.registration import register
 
         register()
     except Exception as e:  # pragma: no cover - a broken torch/Lightning must not break import

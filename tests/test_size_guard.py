@@ -12,11 +12,10 @@ from bench_problems import bench_problem
 from typer.testing import CliRunner
 
 import optpipe_lightning.solver as solver_pkg
-from optpipe_lightning import size_guard
-from optpipe_lightning.cli import app
+from optpipe_lightning.cli import app, size_guard
+from optpipe_lightning.cli.size_guard import MAX_UNITS, check_size, min_time_limit
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines._deadline import check_deadline
-from optpipe_lightning.size_guard import MAX_UNITS, check_size, min_time_limit
 
 runner = CliRunner()
 
@@ -37,8 +36,8 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("work started on a problem that should have been refused")
 
+    import optpipe_lightning.cli.schedule_commands as commands
     import optpipe_lightning.schedule.baselines as baselines
-    import optpipe_lightning.schedule_commands as commands
 
     monkeypatch.setattr(baselines, "generate", boom)
     monkeypatch.setattr(commands, "lower_bound", boom)
@@ -111,7 +110,7 @@ def test_a_schedule_file_larger_than_any_schedule_of_its_problem_is_not_parsed(
     problem_path = _write(tmp_path, pb)
     sched = tmp_path / "s.json"
     sched.write_text(" " * (size_guard.max_schedule_bytes(pb) + 1) + "{}")
-    import optpipe_lightning.input_files as input_files
+    import optpipe_lightning.cli.input_files as input_files
 
     real = input_files.parse_json
 

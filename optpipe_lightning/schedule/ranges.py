@@ -5,7 +5,7 @@ never a string (``"1.5"``) or a boolean; a count (stages, microbatches, chunks, 
 microbatch) is a JSON integer. NaN and infinities are refused everywhere. The ranges keep every
 number the tools compute (sums of millions of op times, byte-seconds, CP-SAT ticks) finite and
 representable; docs/formats.md lists them. How large a problem each command takes is a separate,
-tighter check (``optpipe_lightning.size_guard``).
+tighter check (``optpipe_lightning.cli.size_guard``).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ Importing this package imports torch; ``optpipe_lightning`` itself only register
 when Lightning is installed.
 """
 
-from .contract import ContractError, LayerChain, PipelineSpec, get_spec
-from .engine import PipelineEngine, ScheduleRejectedError
-from .partition import PartitionError, balanced_partition
-from .planner import NoScheduleError
+from .planning.partition import PartitionError, balanced_partition
+from .planning.planner import NoScheduleError
+from .runtime.contract import ContractError, LayerChain, PipelineSpec, get_spec
+from .runtime.engine import PipelineEngine, ScheduleRejectedError
 
 __all__ = [
     "ContractError",
@@ -29,7 +29,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # the Lightning strategy is imported on first use (Lightning is an optional dependency)
     if name in ("OptPipeStrategy", "OptPipeConfigError", "PipelineStepError"):
-        from . import strategy
+        from .lightning import strategy
 
         return getattr(strategy, name)
     raise AttributeError(name)

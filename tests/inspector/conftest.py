@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from optpipe_lightning.demo import DemoDatabase, build_demo_database, demo_problem, demo_profile
+from optpipe_lightning.cli.demo import DemoDatabase, build_demo_database, demo_problem, demo_profile
 from optpipe_lightning.schedule import Problem, Schedule, SimResult, simulate
 from optpipe_lightning.schedule.baselines import generate
 

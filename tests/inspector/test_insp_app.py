@@ -22,7 +22,7 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 import optpipe_lightning.inspector as inspector
-from optpipe_lightning.demo import DemoDatabase
+from optpipe_lightning.cli.demo import DemoDatabase
 from optpipe_lightning.inspector import data
 from optpipe_lightning.inspector.chrome_trace import chrome_trace
 from optpipe_lightning.profiles_db import open_database, repository

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from optpipe_lightning.demo import DemoDatabase
+from optpipe_lightning.cli.demo import DemoDatabase
 
 pytestmark = pytest.mark.browser
 

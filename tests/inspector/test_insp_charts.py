@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from optpipe_lightning.demo import demo_profile
+from optpipe_lightning.cli.demo import demo_profile
 from optpipe_lightning.inspector import charts, frames, training_charts
 from optpipe_lightning.inspector import training_frames as tf
 from optpipe_lightning.schedule import simulate

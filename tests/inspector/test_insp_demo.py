@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from optpipe_lightning import demo
-from optpipe_lightning.demo import DemoDatabase
+from optpipe_lightning.cli import demo
+from optpipe_lightning.cli.demo import DemoDatabase
 from optpipe_lightning.profiles_db import open_database
 from optpipe_lightning.profiles_db import repository as repo
 from optpipe_lightning.schedule import simulate

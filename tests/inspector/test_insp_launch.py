@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from optpipe_lightning.demo import DemoDatabase
+from optpipe_lightning.cli.demo import DemoDatabase
 from optpipe_lightning.inspector import launch
 from optpipe_lightning.inspector.ui import parse_db_arg
 
@@ -93,7 +93,7 @@ def test_browsing_never_imports_torch(demo_db: DemoDatabase) -> None:
             assert not at.exception, (page, at.exception)
         bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "lightning",
                      "optpipe_lightning.strategy", "optpipe_lightning.solver",
-                     "optpipe_lightning.demo")))
+                     "optpipe_lightning.cli.demo")))
         print("IMPORTED", bad)
         """
     )
@@ -125,8 +125,7 @@ def test_an_older_schema_is_upgraded_before_the_read_only_server(
 def test_inspect_demo_builds_then_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from optpipe_lightning import demo
-    from optpipe_lightning.cli import app
+    from optpipe_lightning.cli import app, demo
 
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(demo, "build_demo_database", lambda url, **kw: calls.append(("build", url)))

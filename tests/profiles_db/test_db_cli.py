@@ -1,4 +1,4 @@
-"""``optpipe db`` commands (the lead mounts ``profiles_db.cli.app`` as ``optpipe db``)."""
+"""``optpipe db`` commands (``cli/db_commands.py``, mounted as ``optpipe db``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from db_builders import fused_rows, hardware, make_fbw, make_problem, make_profile, model_fp
 from typer.testing import CliRunner
 
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import SolverEventRecorder, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.profiles_db.cli import app
 from optpipe_lightning.schedule.baselines import make_schedule
 
 runner = CliRunner()

@@ -17,9 +17,9 @@ from db_builders import hardware, make_fbw, make_problem, make_profile, model_fp
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from optpipe_lightning.cli.db_commands import app
 from optpipe_lightning.profiles_db import Database, DatabaseError, open_database
 from optpipe_lightning.profiles_db import repository as repo
-from optpipe_lightning.profiles_db.cli import app
 from optpipe_lightning.profiles_db.owners import current_owner, owner_alive
 from optpipe_lightning.profiles_db.transfer import export_document
 from optpipe_lightning.profiles_db.validation import profile_defect

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.fork_safety import inherited_objects_frozen
+from optpipe_lightning.strategy.runtime.fork_safety import inherited_objects_frozen
 
 VOCAB, DIM, SEQ, BATCH = 16, 16, 8, 8
 

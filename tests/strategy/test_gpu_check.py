@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py`` runs on CPU (small sizes, numbers marked CPU): every section but the
+"""``benchmarks/gpu_check`` runs on CPU (small sizes, numbers marked CPU): every section but the
 pytest one, which the GPU run adds. Also: a failing section is recorded and the run goes on; a
 spent budget skips sections instead of running past it."""
 
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import gpu_check
-import gpu_check_stage
 import pytest
 import torch
+from gpu_check import run as gpu_check
+from gpu_check import stage as gpu_check_stage
 
-from optpipe_lightning.strategy.op_memory import OpMemoryWatch
+from optpipe_lightning.strategy.runtime.op_memory import OpMemoryWatch
 
 RUN = ["--device", "cpu", "--sections", "copy_engines,overlap,op_costs,stage_schedule"]
 

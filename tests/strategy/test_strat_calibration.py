@@ -14,7 +14,7 @@ import pytest
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
-from optpipe_lightning.strategy.calibration import (
+from optpipe_lightning.strategy.scheduling.calibration import (
     StepSampler,
     calibrate,
     compute_costs,
@@ -23,7 +23,7 @@ from optpipe_lightning.strategy.calibration import (
     robust_mean,
     with_action_overhead,
 )
-from optpipe_lightning.strategy.profiler import _stats
+from optpipe_lightning.strategy.scheduling.profiler import _stats
 
 P, M = 2, 8
 # "true" compute costs of a 2-stage pipeline (stage 0 has almost no input gradient)
@@ -193,7 +193,7 @@ def test_step_sampler_on_gpu_keeps_timed_steps_out_of_the_walls() -> None:
 
 
 def test_background_solver_judges_incumbents_on_the_calibrated_problem() -> None:
-    from optpipe_lightning.strategy.resolve import BackgroundSolver
+    from optpipe_lightning.strategy.scheduling.resolve import BackgroundSolver
 
     solver = BackgroundSolver.__new__(BackgroundSolver)  # no process: only the bookkeeping
     solver.problem, solver.best = TRUE, 1.0
@@ -223,10 +223,10 @@ def test_scheduler_calibrates_its_problem_prediction_and_solver(
     import torch
     from torch import nn
 
-    from optpipe_lightning.strategy.contract import PipelineSpec
-    from optpipe_lightning.strategy.options import OptPipeConfigError, PipelineOptions
-    from optpipe_lightning.strategy.process_groups import PipelineComm
-    from optpipe_lightning.strategy.scheduling import Scheduler
+    from optpipe_lightning.strategy.planning.options import OptPipeConfigError, PipelineOptions
+    from optpipe_lightning.strategy.runtime.contract import PipelineSpec
+    from optpipe_lightning.strategy.runtime.process_groups import PipelineComm
+    from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
     with pytest.raises(OptPipeConfigError, match="calibrate_every"):
         PipelineOptions(calibrate_every=0)
@@ -279,7 +279,7 @@ def test_scheduler_calibrates_its_problem_prediction_and_solver(
 
 
 def test_host_allocator_is_tuned_unless_the_user_chose() -> None:
-    from optpipe_lightning.strategy.host_allocator import why_not_tune
+    from optpipe_lightning.strategy.runtime.host_allocator import why_not_tune
 
     assert why_not_tune({}, "linux") is None
     assert why_not_tune({"MALLOC_TRIM_THRESHOLD_": "0"}, "linux") == "MALLOC_TRIM_THRESHOLD_ is set"
@@ -292,7 +292,7 @@ def test_host_allocator_is_tuned_unless_the_user_chose() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_host_allocator_mallopt_takes_effect_in_a_fresh_process() -> None:
-    from optpipe_lightning.strategy import host_allocator
+    from optpipe_lightning.strategy.runtime import host_allocator
 
     # the module alone (no torch import): a fresh interpreter starts in a fraction of a second
     code = (

@@ -15,8 +15,8 @@ from torch import nn
 
 from optpipe_lightning.schedule import Action, Problem, Schedule
 from optpipe_lightning.schedule.baselines import NotApplicable, generate, make_schedule
-from optpipe_lightning.strategy.engine import PipelineEngine
-from optpipe_lightning.strategy.partition import balanced_partition
+from optpipe_lightning.strategy.planning.partition import balanced_partition
+from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
 pytestmark = pytest.mark.dist
 

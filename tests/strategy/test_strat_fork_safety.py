@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from optpipe_lightning.strategy.fork_safety import inherited_objects_frozen
+from optpipe_lightning.strategy.runtime.fork_safety import inherited_objects_frozen
 
 pytestmark = pytest.mark.dist
 
@@ -62,7 +62,7 @@ def test_a_taken_rendezvous_port_is_replaced_and_a_free_one_kept(
 
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from optpipe_lightning.strategy.launcher import free_main_port
+    from optpipe_lightning.strategy.lightning.launcher import free_main_port
 
     with socket.socket() as stale:
         stale.bind(("127.0.0.1", 0))
@@ -82,7 +82,7 @@ def test_a_taken_rendezvous_port_is_replaced_and_a_free_one_kept(
 def test_forked_cpu_ranks_compute_with_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from optpipe_lightning.strategy.fork_safety import set_cpu_threads
+    from optpipe_lightning.strategy.runtime.fork_safety import set_cpu_threads
 
     before = torch.get_num_threads()
     try:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
 from optpipe_lightning.strategy import PipelineSpec
-from optpipe_lightning.strategy.strategy import OptPipeConfigError, OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeConfigError, OptPipeStrategy
 
 BATCH, M, DIM, N_LAYERS = 8, 4, 6, 6
 
@@ -315,7 +315,7 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from optpipe_lightning.schedule.baselines import generate
-    from optpipe_lightning.strategy import profiler, resolve, schedule_choice
+    from optpipe_lightning.strategy.scheduling import profiler, resolve, schedule_choice
 
     # start from GPipe so the solver has something to improve on (forked workers inherit this)
     monkeypatch.setattr(schedule_choice, "best_baseline", lambda pb: generate("gpipe", pb))
@@ -519,7 +519,7 @@ class HeavyFirstModel(TinyModel):
 def test_profiled_costs_repartition_without_changing_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     # injected timings (the forked workers inherit them): the real per-layer instrumentation
     # runs, its seconds are replaced by 10 ms per Heavy layer and 1 ms per other layer, so the

@@ -12,9 +12,13 @@ import torch
 from torch import nn
 
 from optpipe_lightning.schedule import Action, Problem, simulate
-from optpipe_lightning.strategy.copy_engines import HostCopy, HostCopyEngine
-from optpipe_lightning.strategy.offload import OffloadManager, OffloadStateError, settle_points
-from optpipe_lightning.strategy.stage import RankCursor
+from optpipe_lightning.strategy.runtime.copy_engines import HostCopy, HostCopyEngine
+from optpipe_lightning.strategy.runtime.offload import (
+    OffloadManager,
+    OffloadStateError,
+    settle_points,
+)
+from optpipe_lightning.strategy.runtime.stage import RankCursor
 
 F, BW, OFF, REL = "F", "BW", "OFFLOAD", "RELOAD"
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from optpipe_lightning.schedule import Problem
-from optpipe_lightning.strategy.microbatch import (
+from optpipe_lightning.strategy.planning.planner import forward_order
+from optpipe_lightning.strategy.runtime.microbatch import (
     MicrobatchError,
     choose_microbatches,
     combine_logged,
@@ -20,8 +21,7 @@ from optpipe_lightning.strategy.microbatch import (
     merge_outputs,
     split_batch,
 )
-from optpipe_lightning.strategy.planner import forward_order
-from optpipe_lightning.strategy.torch_adapter import _sch, torch_order
+from optpipe_lightning.strategy.runtime.torch_adapter import _sch, torch_order
 
 Pair = namedtuple("Pair", "x y")
 
@@ -120,7 +120,7 @@ class _FakeScheduler:
     [(None, "finished"), (ValueError("x"), "failed"), (KeyboardInterrupt(), "interrupted")],
 )
 def test_run_status_is_how_the_call_ended(exception: BaseException | None, status: str) -> None:
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
     strategy = OptPipeStrategy()
     fake = _FakeScheduler()
@@ -135,7 +135,7 @@ def test_run_status_is_how_the_call_ended(exception: BaseException | None, statu
 def test_schedule_messages_go_through_lightnings_rank_zero_logging(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from optpipe_lightning.strategy.strategy import _notify
+    from optpipe_lightning.strategy.lightning.strategy import _notify
 
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         _notify("optpipe: step 3: schedule a -> b (profiled), predicted 1 ms per step", False)

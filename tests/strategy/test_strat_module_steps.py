@@ -17,7 +17,7 @@ import torch
 from pipelined_lm import LM, launch, run_session
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytestmark = pytest.mark.dist
 
@@ -88,8 +88,11 @@ def _stored_profile(url: str, microbatches: int, memory: float) -> None:
     from optpipe_lightning.profiles_db import open_database
     from optpipe_lightning.profiles_db import repository as repo
     from optpipe_lightning.schedule.profile import OpStats, Profile, StageProfile
-    from optpipe_lightning.strategy.partition import balanced_partition
-    from optpipe_lightning.strategy.profiler import hardware_fingerprint, model_fingerprint
+    from optpipe_lightning.strategy.planning.partition import balanced_partition
+    from optpipe_lightning.strategy.scheduling.profiler import (
+        hardware_fingerprint,
+        model_fingerprint,
+    )
 
     layers = LM().configure_pipeline().layers
     costs = [1.0 + sum(p.numel() for p in layer.parameters()) for layer in layers]

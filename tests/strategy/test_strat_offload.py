@@ -16,7 +16,7 @@ from torch import nn
 
 from optpipe_lightning.schedule import Action
 from optpipe_lightning.schedule.simulator import Timeline
-from optpipe_lightning.strategy.copy_engines import (
+from optpipe_lightning.strategy.runtime.copy_engines import (
     ALIGN,
     HostCopy,
     HostCopyEngine,
@@ -24,7 +24,7 @@ from optpipe_lightning.strategy.copy_engines import (
     layout,
     pieces,
 )
-from optpipe_lightning.strategy.offload import (
+from optpipe_lightning.strategy.runtime.offload import (
     OffloadManager,
     OffloadStateError,
     StoreState,
@@ -333,7 +333,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> _Log:
 
 
 def test_the_cuda_engine_orders_its_copies_by_streams_and_events(fake_cuda: _Log) -> None:
-    from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
+    from optpipe_lightning.strategy.runtime.copy_engines import CudaCopyEngine
 
     log = fake_cuda
     pool = PinnedPagePool(page_bytes=1024, pin=False)
@@ -375,7 +375,7 @@ def test_the_cuda_engine_orders_its_copies_by_streams_and_events(fake_cuda: _Log
 
 
 def test_a_half_duplex_channel_copies_both_ways_on_one_stream(fake_cuda: _Log) -> None:
-    from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
+    from optpipe_lightning.strategy.runtime.copy_engines import CudaCopyEngine
 
     eng = CudaCopyEngine(CPU, pool=PinnedPagePool(page_bytes=1024, pin=False), duplex=False)
     assert eng.h2d is eng.d2h
@@ -395,7 +395,7 @@ def test_a_reload_that_waits_for_memory_waits_on_that_offloads_copy(fake_cuda: _
     """The simulator's reload wait on the CUDA engine: the waited offload's device copies go
     first (the compute stream waits on its copy, as at a settle point), then the reload's H2D
     stream waits on the compute stream, its own offload and the waited one."""
-    from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
+    from optpipe_lightning.strategy.runtime.copy_engines import CudaCopyEngine
 
     log = fake_cuda
     eng = CudaCopyEngine(CPU, pool=PinnedPagePool(page_bytes=1024, pin=False))

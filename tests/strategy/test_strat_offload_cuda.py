@@ -1,7 +1,7 @@
 """The CUDA offload path: two copy streams that overlap, a backward that waits for its reload,
 copy sources that stay allocated until their copy ends, and memory that is really freed.
 
-Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check.py`` runs them on the GPU machine.
+Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check`` runs them on the GPU machine.
 A delayed copy stream (``torch.cuda._sleep``) turns a missing wait into wrong numbers: the buffers
 involved are filled with NaN first, so reading one early shows.
 """
@@ -14,8 +14,8 @@ from torch import nn
 
 from optpipe_lightning.schedule import Action
 from optpipe_lightning.schedule.baselines import make_schedule
-from optpipe_lightning.strategy.copy_engines import CudaCopyEngine
-from optpipe_lightning.strategy.offload import OffloadManager
+from optpipe_lightning.strategy.runtime.copy_engines import CudaCopyEngine
+from optpipe_lightning.strategy.runtime.offload import OffloadManager
 
 pytestmark = [
     pytest.mark.gpu,
@@ -149,7 +149,7 @@ def test_memory_is_freed_by_the_offload_and_taken_again_by_the_reload() -> None:
 
 
 def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
-    from gpu_check_stage import (
+    from gpu_check.stage import (
         LayerShape,
         harness_problem,
         harness_row,
@@ -158,7 +158,7 @@ def test_a_pipeline_step_with_offload_on_cuda_matches_one_without() -> None:
         process_group,
     )
 
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     dev = _dev()
     shape, n, m = LayerShape(512, 8, 256, 2), 2, 4

@@ -1,8 +1,8 @@
-"""The profiler's allocator watch on CUDA (``strategy/op_memory.py``): its windows, one per
+"""The profiler's allocator watch on CUDA (``strategy/runtime/op_memory.py``): its windows, one per
 action, tile a real step of the executor, and torch's split backward shows in them (F leaves at
 least what autograd saved, B keeps gradients for W, W frees).
 
-Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check.py`` runs it on the GPU machine.
+Marked ``gpu`` (skipped without CUDA); ``benchmarks/gpu_check`` runs it on the GPU machine.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def test_the_windows_tile_a_cuda_step_and_show_the_split_backward() -> None:
-    from gpu_check_stage import (
+    from gpu_check.stage import (
         LayerShape,
         harness_problem,
         harness_row,
@@ -31,7 +31,7 @@ def test_the_windows_tile_a_cuda_step_and_show_the_split_backward() -> None:
         process_group,
     )
 
-    from optpipe_lightning.strategy.engine import PipelineEngine
+    from optpipe_lightning.strategy.runtime.engine import PipelineEngine
 
     dev = torch.device("cuda", torch.cuda.current_device())
     shape, n, m = LayerShape(512, 8, 256, 2), 2, 4

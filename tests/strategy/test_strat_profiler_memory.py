@@ -13,18 +13,18 @@ from pydantic import ValidationError
 
 from optpipe_lightning.schedule import Action, Problem, simulate
 from optpipe_lightning.schedule.profile import OpMemory, OpStats, Profile, StageProfile
-from optpipe_lightning.strategy.op_memory import (
+from optpipe_lightning.strategy.runtime.op_memory import (
     OpMemoryWatch,
     limits_less_reserve,
     summarize,
 )
-from optpipe_lightning.strategy.profiler import (
+from optpipe_lightning.strategy.runtime.stage import RankCursor
+from optpipe_lightning.strategy.scheduling.profiler import (
     build_profile,
     hardware_fingerprint,
     local_measurements,
     model_fingerprint,
 )
-from optpipe_lightning.strategy.stage import RankCursor
 
 MB = 1 << 20
 

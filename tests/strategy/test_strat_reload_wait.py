@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from optpipe_lightning.schedule import Action, Problem, simulate
-from optpipe_lightning.strategy.copy_engines import HostCopy, HostCopyEngine
-from optpipe_lightning.strategy.engine import validate_for_execution
-from optpipe_lightning.strategy.offload import OffloadManager, StageWaits, execution_waits
-from optpipe_lightning.strategy.stage import RankCursor
+from optpipe_lightning.strategy.runtime.copy_engines import HostCopy, HostCopyEngine
+from optpipe_lightning.strategy.runtime.engine import validate_for_execution
+from optpipe_lightning.strategy.runtime.offload import OffloadManager, StageWaits, execution_waits
+from optpipe_lightning.strategy.runtime.stage import RankCursor
 
 F, BW, OFF, REL = "F", "BW", "OFFLOAD", "RELOAD"
 NBYTES = 4096  # one activation: 1024 float32

@@ -23,12 +23,12 @@ from torch import nn
 
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
-from optpipe_lightning.strategy.contract import PipelineSpec
-from optpipe_lightning.strategy.options import OptPipeConfigError, PipelineOptions
-from optpipe_lightning.strategy.partition import runnable_chunkings
-from optpipe_lightning.strategy.process_groups import PipelineComm
-from optpipe_lightning.strategy.run_log import RunLog
-from optpipe_lightning.strategy.scheduling import Scheduler
+from optpipe_lightning.strategy.planning.options import OptPipeConfigError, PipelineOptions
+from optpipe_lightning.strategy.planning.partition import runnable_chunkings
+from optpipe_lightning.strategy.records.run_log import RunLog
+from optpipe_lightning.strategy.runtime.contract import PipelineSpec
+from optpipe_lightning.strategy.runtime.process_groups import PipelineComm
+from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
 # ---- memory_margin ------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def test_runnable_chunkings_are_the_divisors_of_every_devices_layers() -> None:
 def test_the_strategy_solves_only_chunkings_the_executor_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from optpipe_lightning.strategy import planner
+    from optpipe_lightning.strategy.planning import planner
 
     seen: dict[str, Any] = {}
 
@@ -118,7 +118,7 @@ def test_a_solver_schedule_for_another_chunking_is_judged_on_its_own_problem(
     """The solver may answer in another chunking (it embeds that problem); the planner must
     check it there, not on the profiled problem's shape, or it never runs one."""
     from optpipe_lightning.schedule.chunking import rechunk, stamped
-    from optpipe_lightning.strategy import planner
+    from optpipe_lightning.strategy.planning import planner
 
     pb = Problem(num_stages=4, num_microbatches=8, t_f=1, t_b=1, t_w=1, layers_per_stage=4)
     v2 = rechunk(pb, 2, "vshape")
@@ -139,7 +139,7 @@ def test_a_background_solve_searches_only_the_running_chunking(
     import json
     import subprocess
 
-    from optpipe_lightning.strategy import resolve
+    from optpipe_lightning.strategy.scheduling import resolve
 
     sent: list[dict[str, Any]] = []
 
@@ -205,7 +205,7 @@ def test_tokens_are_counted_where_the_input_is_token_ids() -> None:
     # over a half-imported module_steps (a warning, not this test's concern)
     import lightning.pytorch  # noqa: F401
 
-    from optpipe_lightning.strategy.step import token_count
+    from optpipe_lightning.strategy.lightning.step import token_count
 
     ids = [(torch.zeros(2, 16, dtype=torch.long),), (torch.zeros(2, 16, dtype=torch.long),)]
     assert token_count(ids) == 64
@@ -218,7 +218,10 @@ def test_tokens_are_counted_where_the_input_is_token_ids() -> None:
 
 def _profile(sch: Scheduler, overhead: float = 0.0) -> Any:
     from optpipe_lightning.schedule.profile import OpStats, Profile, StageProfile
-    from optpipe_lightning.strategy.profiler import hardware_fingerprint, model_fingerprint
+    from optpipe_lightning.strategy.scheduling.profiler import (
+        hardware_fingerprint,
+        model_fingerprint,
+    )
 
     ms = OpStats(mean=1e-3)
     p = sch.comm.num_stages
@@ -254,7 +257,10 @@ def _read(url: str) -> dict[str, Any]:
 def test_run_log_batches_metrics_calibrations_limits_and_predicted_switches(
     tmp_path: Path,
 ) -> None:
-    from optpipe_lightning.strategy.profiler import hardware_fingerprint, model_fingerprint
+    from optpipe_lightning.strategy.scheduling.profiler import (
+        hardware_fingerprint,
+        model_fingerprint,
+    )
 
     url = f"sqlite:///{tmp_path / 'run.db'}"
     log = RunLog(url, True, flush_seconds=1e9)  # written only when flushed
@@ -330,13 +336,13 @@ def test_a_stored_profile_starts_the_run_before_its_first_switch_and_keeps_its_o
 
     monkeypatch.setattr(sch, "new_engine", lambda pb, sched, measure: FakeEngine(pb, sched))
     monkeypatch.setattr(
-        "optpipe_lightning.strategy.scheduling.model_fingerprint",
+        "optpipe_lightning.strategy.scheduling.scheduler.model_fingerprint",
         lambda *a, **kw: profile.model,
     )
     sch.build(4, 1, 2)
     assert sch.calibrator.overhead_in_problem == pytest.approx(4e-4)
     # the profiler's overhead goes into the stored profile with the costs it was added to
-    from optpipe_lightning.strategy.profiler import with_overhead
+    from optpipe_lightning.strategy.scheduling.profiler import with_overhead
 
     bumped = with_overhead(profile, 1e-4)
     assert bumped.runtime_overhead == pytest.approx(5e-4)
@@ -365,7 +371,7 @@ def test_a_stored_profile_starts_the_run_before_its_first_switch_and_keeps_its_o
 
 
 def test_batch_metrics_average_the_loss_over_accumulated_batches() -> None:
-    from optpipe_lightning.strategy.run_log import BatchMetrics
+    from optpipe_lightning.strategy.records.run_log import BatchMetrics
 
     b = BatchMetrics()
     b.add(torch.tensor(1.0), 4, 64)

@@ -18,12 +18,13 @@ from torch import nn
 
 from optpipe_lightning.schedule import Problem, Schedule, simulate
 from optpipe_lightning.schedule.baselines import generate
-from optpipe_lightning.strategy.calibration import StepSampler, budget_interval
-from optpipe_lightning.strategy.contract import PipelineSpec
-from optpipe_lightning.strategy.options import PipelineOptions
-from optpipe_lightning.strategy.process_groups import PipelineComm
-from optpipe_lightning.strategy.repartition import decide_partition
-from optpipe_lightning.strategy.resolve import (
+from optpipe_lightning.strategy.planning.options import PipelineOptions
+from optpipe_lightning.strategy.records.run_log import RunLog, as_run
+from optpipe_lightning.strategy.runtime.contract import PipelineSpec
+from optpipe_lightning.strategy.runtime.process_groups import PipelineComm
+from optpipe_lightning.strategy.scheduling.calibration import StepSampler, budget_interval
+from optpipe_lightning.strategy.scheduling.repartition import decide_partition
+from optpipe_lightning.strategy.scheduling.resolve import (
     CONTENDED_SLOWDOWN,
     OnlineResolve,
     RunContext,
@@ -31,8 +32,7 @@ from optpipe_lightning.strategy.resolve import (
     plan_solve,
     spare_cores,
 )
-from optpipe_lightning.strategy.run_log import RunLog, as_run
-from optpipe_lightning.strategy.scheduling import Scheduler
+from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
 BLOCK = "Sequential|(1024, 1024):float32,(1024,):float32||((64, 1024):float32)->(64, 1024):float32"
 
@@ -250,7 +250,9 @@ def test_the_prediction_covers_the_whole_optimizer_step(monkeypatch: pytest.Monk
     sch = _scheduler()
     sch.predicted = 0.2
     clock = [100.0]
-    monkeypatch.setattr("optpipe_lightning.strategy.scheduling.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr(
+        "optpipe_lightning.strategy.scheduling.scheduler.time.perf_counter", lambda: clock[0]
+    )
 
     def run(args: Any, targets: Any, grad_scale: float, loss_fn: Any) -> dict[int, torch.Tensor]:
         clock[0] += 0.2
@@ -273,7 +275,10 @@ def test_the_prediction_covers_the_whole_optimizer_step(monkeypatch: pytest.Monk
 
 
 def _fingerprints() -> tuple[Any, Any]:
-    from optpipe_lightning.strategy.profiler import hardware_fingerprint, model_fingerprint
+    from optpipe_lightning.strategy.scheduling.profiler import (
+        hardware_fingerprint,
+        model_fingerprint,
+    )
 
     layers = [nn.Linear(4, 4), nn.Linear(4, 4)]
     hw = hardware_fingerprint(torch.device("cpu"), 2, "gloo")
@@ -351,7 +356,7 @@ def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
     import os
     import time
 
-    from optpipe_lightning.strategy.resolve import SOLVER_NICE, BackgroundSolver
+    from optpipe_lightning.strategy.scheduling.resolve import SOLVER_NICE, BackgroundSolver
 
     problem = Problem(num_stages=4, num_microbatches=8, t_f=0.01, t_b=0.01, t_w=0.01)
     gpipe = generate("gpipe", problem)
@@ -408,7 +413,7 @@ def test_run_log_of_a_fit_has_every_step_and_its_prediction(
 
     from optpipe_lightning.profiles_db import open_database
     from optpipe_lightning.profiles_db import repository as repo
-    from optpipe_lightning.strategy.strategy import OptPipeStrategy
+    from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
     class Small(pl.LightningModule):
         def __init__(self) -> None:

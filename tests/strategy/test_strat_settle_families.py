@@ -19,8 +19,8 @@ from test_strat_reload_wait import NBYTES, _TimedEngine
 
 from optpipe_lightning.schedule import Action, Problem, simulate
 from optpipe_lightning.schedule.baselines import generate
-from optpipe_lightning.strategy.offload import OffloadManager, execution_waits
-from optpipe_lightning.strategy.stage import RankCursor
+from optpipe_lightning.strategy.runtime.offload import OffloadManager, execution_waits
+from optpipe_lightning.strategy.runtime.stage import RankCursor
 
 
 def _problem(v: int, placement: str, limit: float, split: bool) -> Problem:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pipelined_lm import LM, launch, trainer
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytestmark = pytest.mark.dist
 

@@ -8,9 +8,7 @@ from torch import nn
 
 from optpipe_lightning.schedule import Action, Problem
 from optpipe_lightning.schedule.baselines import generate, make_schedule
-from optpipe_lightning.strategy.contract import ContractError, LayerChain, PipelineSpec, get_spec
-from optpipe_lightning.strategy.engine import ScheduleRejectedError, validate_for_execution
-from optpipe_lightning.strategy.partition import (
+from optpipe_lightning.strategy.planning.partition import (
     PartitionError,
     balanced_partition,
     chunk_counts,
@@ -18,8 +16,19 @@ from optpipe_lightning.strategy.partition import (
     stage_layers,
     validate_partition,
 )
-from optpipe_lightning.strategy.planner import NoScheduleError, choose_schedule, profiling_schedule
-from optpipe_lightning.strategy.torch_adapter import check_lowering, torch_order
+from optpipe_lightning.strategy.planning.planner import (
+    NoScheduleError,
+    choose_schedule,
+    profiling_schedule,
+)
+from optpipe_lightning.strategy.runtime.contract import (
+    ContractError,
+    LayerChain,
+    PipelineSpec,
+    get_spec,
+)
+from optpipe_lightning.strategy.runtime.engine import ScheduleRejectedError, validate_for_execution
+from optpipe_lightning.strategy.runtime.torch_adapter import check_lowering, torch_order
 
 
 def test_balanced_partition_minimises_the_largest_group() -> None:
@@ -53,7 +62,7 @@ def test_a_chunk_count_implies_the_partition_each_device_keeping_its_layers() ->
 
 
 def test_chunk_options_are_checked_when_given() -> None:
-    from optpipe_lightning.strategy.options import OptPipeConfigError, PipelineOptions
+    from optpipe_lightning.strategy.planning.options import OptPipeConfigError, PipelineOptions
 
     assert PipelineOptions(schedule="gpipe", num_chunks=4, placement="vshape").chunks == (
         4,
@@ -162,7 +171,7 @@ def test_profiling_schedule_is_feasible_and_measures_split_and_fused() -> None:
 
 def test_every_baseline_passes_the_simulator_and_torch_lowering() -> None:
     from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable
-    from optpipe_lightning.strategy.planner import chunks_for, initial_problem
+    from optpipe_lightning.strategy.planning.planner import chunks_for, initial_problem
 
     checked = 0
     for p in (2, 4):
@@ -184,7 +193,7 @@ def test_p2p_warm_up_skips_a_neighbour_stage_on_this_rank(tmp_path) -> None:
     same rank: gloo cannot send to itself ("Pair is not connected", seen on torch 2.11 + CUDA)."""
     import torch.distributed as dist
 
-    from optpipe_lightning.strategy.stage import OptPipeStage, RankCursor
+    from optpipe_lightning.strategy.runtime.stage import OptPipeStage, RankCursor
 
     own = not dist.is_initialized()
     if own:

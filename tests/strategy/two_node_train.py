@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pipelined_lm import LM, MetricsRecorder, trainer
 
 import optpipe_lightning  # noqa: F401
-from optpipe_lightning.strategy.strategy import OptPipeStrategy
+from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 
 def main(out: str) -> None:

@@ -1,0 +1,323 @@
+"""``optpipe db``: list, show, export, import and prune the profiles database.
+
+Every command takes ``--db URL`` (default: ``$OPTPIPE_DB_URL``, else the SQLite file under
+``$XDG_DATA_HOME/optpipe/``). Errors print one line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from ..profiles_db import repository as repo
+from ..profiles_db.database import Database, default_database_url, head_revision, open_database
+from ..profiles_db.errors import DatabaseError
+from ..profiles_db.rows import _Row
+from ..profiles_db.transfer import EXPORT_FORMAT, ExportDocument, export_document, import_document
+from .command_errors import OneLineErrors
+from .command_errors import fail as _fail
+
+app = typer.Typer(
+    help="The profiles database: measured profiles, schedules, solver and training runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    cls=OneLineErrors,
+)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Database URL (default: $OPTPIPE_DB_URL, else "
+        "sqlite:///$XDG_DATA_HOME/optpipe/optpipe.db).",
+        show_default=False,
+    ),
+]
+
+
+class ListWhat(StrEnum):
+    all = "all"
+    problems = "problems"
+    schedules = "schedules"
+    profiles = "profiles"
+    solver_runs = "solver-runs"
+    training_runs = "training-runs"
+
+
+class ShowWhat(StrEnum):
+    problem = "problem"
+    schedule = "schedule"
+    profile = "profile"
+    solver_run = "solver-run"
+    training_run = "training-run"
+
+
+@contextmanager
+def _open(url: str | None, *, read_only: bool) -> Iterator[Database]:
+    try:
+        db = open_database(url if url is not None else default_database_url(), read_only=read_only)
+    except DatabaseError as e:
+        _fail(str(e))
+    try:
+        yield db
+    except DatabaseError as e:
+        _fail(str(e))
+    finally:
+        db.close()
+
+
+def _int_id(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        _fail(f"{what} ids are integers, got {value!r} (see `optpipe db list`)")
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if hasattr(v, "strftime"):
+        return str(v.strftime("%Y-%m-%d %H:%M:%S"))
+    return str(v)
+
+
+def _table(title: str, rows: list[Any], columns: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{title} ({len(rows)})", title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*(_fmt(getattr(r, c)) for c in columns))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+_LISTS: dict[ListWhat, tuple[Callable[[Session, str | None], list[Any]], list[str]]] = {
+    ListWhat.problems: (
+        lambda s, h: [r for r in repo.list_problems(s) if h is None or r.hash == h],
+        ["hash", "name", "num_stages", "num_microbatches", "num_chunks", "memory_limit",
+         "offload", "num_schedules", "best_makespan"],
+    ),
+    ListWhat.schedules: (
+        lambda s, h: repo.list_schedules(s, h),
+        ["id", "problem_hash", "generator", "source", "makespan", "feasible", "bubble_rate",
+         "num_offloaded", "created_at"],
+    ),
+    ListWhat.profiles: (
+        lambda s, h: repo.list_profiles(s),
+        ["id", "device_kind", "device_count", "torch_version", "model_name", "num_stages",
+         "num_chunks", "microbatch_size", "measured_at", "hardware_key", "model_key"],
+    ),
+    ListWhat.solver_runs: (
+        lambda s, h: repo.list_solver_runs(s, h),
+        ["id", "problem_hash", "backend", "status", "makespan", "lower_bound", "num_events",
+         "schedule_id", "started_at"],
+    ),
+    ListWhat.training_runs: (
+        lambda s, h: repo.list_training_runs(s),
+        ["id", "model_name", "device_kind", "status", "num_steps", "started_at",
+         "finished_at"],
+    ),
+}  # fmt: skip
+
+
+@app.command("list")
+def list_(
+    what: Annotated[ListWhat, typer.Argument(help="What to list.")] = ListWhat.all,
+    problem: Annotated[
+        str | None, typer.Option("--problem", help="Only this problem hash.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    db: DbOption = None,
+) -> None:
+    """List problems, schedules, profiles, solver runs and training runs."""
+    kinds = list(_LISTS) if what is ListWhat.all else [what]
+    with _open(db, read_only=True) as database, database.session() as s:
+        found = {k: _LISTS[k][0](s, problem) for k in kinds}
+    if as_json:
+        _print_json({k.value: [r.to_dict() for r in rows] for k, rows in found.items()})
+        return
+    for k, rows in found.items():
+        _table(k.value, rows, _LISTS[k][1])
+
+
+@app.command()
+def show(
+    what: Annotated[ShowWhat, typer.Argument(help="Kind of row.")],
+    ident: Annotated[str, typer.Argument(metavar="ID", help="Problem hash or row id.")],
+    db: DbOption = None,
+) -> None:
+    """Print one stored item as JSON (a run with its events, steps and switches)."""
+    with _open(db, read_only=True) as database, database.session() as s:
+        doc: Any
+        if what is ShowWhat.problem:
+            p = repo.get_problem(s, ident)
+            if p is None:
+                _fail(f"no problem with hash {ident!r} in the database (see `optpipe db list`)")
+            doc = p.model_dump(mode="json")
+        elif what is ShowWhat.schedule:
+            doc = repo.get_schedule(s, _int_id(ident, "schedule")).model_dump(mode="json")
+        elif what is ShowWhat.profile:
+            doc = repo.get_profile(s, _int_id(ident, "profile")).model_dump(mode="json")
+        elif what is ShowWhat.solver_run:
+            rid = _int_id(ident, "solver run")
+            run = repo.get_solver_run(s, rid)
+            doc = run.to_dict() | {"events": [e.to_dict() for e in repo.solver_events(s, rid)]}
+        else:
+            rid = _int_id(ident, "training run")
+            runs = [r for r in repo.list_training_runs(s) if r.id == rid]
+            if not runs:
+                _fail(f"no training run with id {rid} in the database (see `optpipe db list`)")
+            doc = runs[0].to_dict() | {
+                "steps": [r.to_dict() for r in repo.training_steps(s, rid)],
+                "switches": [r.to_dict() for r in repo.schedule_switches(s, rid)],
+            }
+    _print_json(doc)
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Argument(help="JSON file to write ('-' for stdout).")],
+    profiles: Annotated[bool, typer.Option(help="Include measured profiles.")] = True,
+    schedules: Annotated[bool, typer.Option(help="Include problems and schedules.")] = True,
+    problem: Annotated[
+        str | None, typer.Option("--problem", help="Only this problem's schedules.")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Write profiles, problems and schedules to one JSON file (to move them between machines)."""
+    with _open(db, read_only=True) as database, database.session() as s:
+        doc = export_document(s, profiles=profiles, schedules=schedules, problem_hash=problem)
+    text = doc.model_dump_json(indent=1)
+    if str(out) == "-":
+        sys.stdout.write(text + "\n")
+        return
+    try:
+        out.write_text(text + "\n")
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror}")
+    typer.echo(
+        f"exported {len(doc.problems)} problems, {len(doc.schedules)} schedules, "
+        f"{len(doc.profiles)} profiles to {out}",
+        err=True,
+    )
+
+
+@app.command("import")
+def import_(
+    src: Annotated[Path, typer.Argument(help="JSON file written by `optpipe db export`.")],
+    db: DbOption = None,
+) -> None:
+    """Store the profiles, problems and schedules of an export file (already stored: skipped).
+
+    Nothing in the file is trusted: every schedule is simulated again (one whose evaluation
+    says otherwise is refused), every problem hash recomputed, every profile checked against
+    the model it claims; any refusal stores nothing.
+    """
+    from .errors import UserError, describe_validation_error
+    from .input_files import decode, parse_json, read_bytes
+
+    try:
+        raw = read_bytes(src, "export")
+    except UserError as e:
+        _fail(f"cannot read {src}: {str(e).removeprefix(f'{src}: ')}")
+    hint = "write one with `optpipe db export`"
+    try:
+        data = parse_json(decode(raw, src), src)
+    except UserError as e:
+        _fail(f"{src} is not an optpipe export ({str(e).removeprefix(f'{src}: ')}); {hint}")
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        _fail(f"{src} is not an optpipe export (no format {EXPORT_FORMAT!r}); {hint}")
+    try:
+        doc = ExportDocument.model_validate(data, strict=True)
+    except ValidationError as e:
+        _fail(f"{src} is not an optpipe export ({describe_validation_error(e)}); {hint}")
+    from .size_guard import check_size
+
+    embedded = [e.schedule.problem for e in doc.schedules if e.schedule.problem is not None]
+    try:  # every schedule is simulated again: no problem larger than `optpipe simulate` takes
+        for problem in [*doc.problems, *embedded]:
+            check_size(problem, "simulate")
+    except UserError as e:
+        _fail(f"{src}: {e}")
+    with _open(db, read_only=False) as database:
+        try:
+            with database.session() as s:
+                counts = import_document(s, doc)
+        except ValueError as e:
+            _fail(f"{src}: {e}")
+    typer.echo(
+        f"imported {counts.problems} new problems, {counts.schedules} new schedules, "
+        f"{counts.profiles} new profiles",
+        err=True,
+    )
+
+
+@app.command()
+def check(db: DbOption = None) -> None:
+    """Check the file, the schema and every row of every table again; exit 2 on problems.
+
+    Each problem is printed on stdout; stderr gets one line with the count and the first.
+    """
+    with _open(db, read_only=True) as database:
+        problems = database.check()
+        revision = head_revision()
+    if problems:
+        for p in problems:
+            typer.echo(p)
+        _fail(
+            f"database {database.where} has {len(problems)} problem(s), first: {problems[0]}; "
+            "export what still reads (`optpipe db export`) and restore a backup"
+        )
+    typer.echo(f"ok: {database.where} (schema revision {revision})")
+
+
+@app.command()
+def prune(
+    keep_profiles: Annotated[
+        int, typer.Option(min=1, help="Newest profiles kept per (hardware, model).")
+    ] = 1,
+    keep_schedules: Annotated[
+        int | None,
+        typer.Option(min=1, help="Best schedules kept per problem (default: keep all)."),
+    ] = None,
+    older_than_days: Annotated[
+        float | None,
+        typer.Option(min=0, help="Delete finished runs started more than this many days ago."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Delete superseded profiles, surplus schedules and old runs."""
+    with _open(db, read_only=dry_run) as database, database.session() as s:
+        report = repo.prune(
+            s,
+            keep_profiles=keep_profiles,
+            keep_schedules=keep_schedules,
+            older_than_seconds=None if older_than_days is None else older_than_days * 86400.0,
+            dry_run=dry_run,
+        )
+    verb = "would delete" if dry_run else "deleted"
+    typer.echo(
+        f"{verb} {report.profiles} profiles, {report.schedules} schedules, "
+        f"{report.solver_runs} solver runs, {report.training_runs} training runs"
+    )
+
+
+__all__ = ["_Row", "app"]

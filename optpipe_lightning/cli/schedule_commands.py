@@ -1,0 +1,321 @@
+"""The ``optpipe`` schedule commands: ``compare``, ``solve``, ``baseline``, ``simulate`` and
+``trace`` (``cli.py`` puts them on the app). Their ``--json`` output follows DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..schedule import Problem, Schedule, simulate
+from ..schedule.bounds import lower_bound
+from ..schedule.simulator import ScheduleMismatchError
+from .arguments import check_out_path, check_solver_options, write_output
+from .errors import UserError
+from .inputs import MarginOpt, ProblemArg, load_problem, load_schedule, user_errors, with_margin
+from .output import err, fmt_time, out, print_table, problem_summary, schedule_row
+from .size_guard import (
+    MAX_TRACE_SCHEDULE_BYTES,
+    CompareBudget,
+    check_size,
+    check_time_limit,
+    check_trace_size,
+    max_schedule_bytes,
+    solver_seconds,
+)
+from .solver_run import run_solver
+
+SHOWN_VIOLATIONS = 20
+
+
+def _least_bound(problem: Problem) -> float:
+    """The lower bound over every chunking the problem allows (each chunking's bound holds for
+    its own schedules only)."""
+    from ..schedule.chunking import chunkings, rechunk
+
+    return min(lower_bound(rechunk(problem, v, pl)) for v, pl in chunkings(problem))
+
+
+def compare(
+    problem_path: ProblemArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON document")] = False,
+    no_solve: Annotated[bool, typer.Option("--no-solve", help="baselines only")] = False,
+    solver: Annotated[str, typer.Option(help="solver backend")] = "auto",
+    time_limit: Annotated[
+        float, typer.Option(help="seconds for the whole comparison (baselines, then the solver)")
+    ] = 10.0,
+    seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
+    memory_margin: MarginOpt = None,
+) -> None:
+    """Every applicable baseline and the solver on one problem, side by side.
+
+    With ``layers_per_stage`` every row shows its best chunking. Every baseline schedule is a
+    candidate of the solver, so its row is never slower than a feasible row beside it.
+    """
+    started = time.perf_counter()
+    with user_errors():
+        problem = with_margin(load_problem(problem_path), memory_margin)
+        budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
+        if not no_solve:
+            check_solver_options(solver, seed)
+        from ..schedule.baselines import (
+            BASELINE_NAMES,
+            NotApplicable,
+            best_schedule,
+            generate_chunked,
+        )
+        from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
+
+        bound = _least_bound(problem)
+        rows: list[dict[str, Any]] = []
+        skipped: dict[str, str] = {}
+        candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
+        for name in BASELINE_NAMES:
+            if time.perf_counter() > budget.baselines_until:  # none starts after its share
+                skipped[name] = budget.stopped
+                continue
+            try:
+                with deadline_at(budget.baselines_until):
+                    made = generate_chunked(name, problem)
+            except NotApplicable as e:
+                skipped[name] = str(e)
+                continue
+            except DeadlineExceeded:
+                skipped[name] = budget.stopped
+                continue
+            except (ImportError, AttributeError):
+                skipped[name] = "not available in this build"
+                continue
+            candidates += made
+            rows.append(schedule_row(name, best_schedule(made), bound))
+        if not no_solve:
+            result = run_solver(
+                problem,
+                solver,
+                budget.solver_seconds(),
+                seed,
+                quiet=as_json,
+                db_url=None,
+                candidates=candidates,
+            )
+            rows.append(
+                schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds)
+            )
+        if as_json:
+            doc = {
+                "problem": problem_summary(problem, bound),
+                "schedules": rows,
+                "not_applicable": [{"name": k, "reason": v} for k, v in skipped.items()],
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            print_table(problem, rows, skipped)
+
+
+def solve(
+    problem_path: ProblemArg,
+    solver: Annotated[str, typer.Option(help="auto | cpsat | gurobi | highs | heuristic")] = "auto",
+    time_limit: Annotated[float, typer.Option(help="seconds")] = 60.0,
+    gap: Annotated[float, typer.Option(help="stop at this relative gap (0 = prove optimal)")] = 0.0,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="write the schedule JSON here")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(help="record the run and schedule in this database (SQLAlchemy URL)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON summary")] = False,
+    memory_margin: MarginOpt = None,
+) -> None:
+    """The fastest schedule that fits the memory limit, with offload decisions and a bound.
+
+    With ``layers_per_stage`` it also chooses the chunk count and placement."""
+    started = time.perf_counter()
+    with user_errors():
+        problem = with_margin(load_problem(problem_path), memory_margin)
+        check_size(problem, "solve")
+        check_time_limit(problem, time_limit, "solve")
+        check_solver_options(solver, seed, gap)
+        check_out_path(out_path)
+        left = solver_seconds(problem, time_limit, started)  # the command holds the limit
+        result = run_solver(problem, solver, left, seed, quiet=as_json, db_url=db, gap=gap)
+        if out_path is not None:
+            write_output(out_path, result.schedule.to_json(indent=1))
+        summary = {
+            "problem": problem.hash,
+            "status": result.status,
+            "backend": result.backend,
+            **schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds),
+            "gap": result.gap,
+            "first_solution_seconds": result.first_solution_seconds,
+            "out": str(out_path) if out_path else None,
+        }
+        if as_json:
+            sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        else:
+            ev = result.schedule.evaluation
+            out.print(
+                f"[bold]{result.status}[/] ({result.backend}): makespan "
+                f"{fmt_time(result.makespan)}, bound {fmt_time(result.lower_bound)}, "
+                f"gap {result.gap:.2%}, {ev.num_offloaded if ev else 0} offloads, "
+                f"solved in {fmt_time(result.solve_seconds)}"
+                + (f" -> {out_path}" if out_path else "")
+            )
+
+
+def baseline(
+    name: Annotated[str, typer.Argument(help="gpipe, 1f1b, zb-h1, zbv, adaoffload, ...")],
+    problem_path: ProblemArg,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="write the schedule JSON here (default: stdout)")
+    ] = None,
+    time_limit: Annotated[
+        float, typer.Option(help="give up after this many seconds (the slow generators)")
+    ] = 60.0,
+) -> None:
+    """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
+    with user_errors():
+        problem = load_problem(problem_path)
+        check_size(problem, "baseline")
+        check_out_path(out_path)
+        from ..schedule.baselines import BASELINE_NAMES, generate
+        from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
+
+        if name not in BASELINE_NAMES:
+            raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
+        budget = CompareBudget(problem, time_limit, solving=False)
+        try:
+            with deadline_at(budget.baselines_until):
+                sched = generate(name, problem)
+        except DeadlineExceeded:
+            raise UserError(f"{name}: {budget.stopped}") from None
+        text = sched.to_json(indent=1)
+        if out_path is None:
+            sys.stdout.write(text + "\n")
+        else:
+            write_output(out_path, text + "\n")
+            ev = sched.evaluation
+            assert ev is not None
+            err.print(
+                f"wrote {out_path}: {name}, makespan {fmt_time(ev.makespan)}, "
+                f"{'fits' if ev.feasible else 'does NOT fit'}",
+                markup=False,
+            )
+
+
+def _schedule_cap(problem: Problem) -> int:
+    """The largest schedule file of ``problem`` or of any re-chunking of it."""
+    from ..schedule.chunking import chunk_counts
+
+    most = max(chunk_counts(problem))
+    return max_schedule_bytes(problem) * max(1, most // problem.num_chunks)
+
+
+def _schedule_problem(
+    problem: Problem, schedule: Schedule, schedule_path: Path, problem_path: Path
+) -> Problem:
+    """The problem to check a schedule against: the one given, or the re-chunking of it the
+    schedule was built for (``layers_per_stage``)."""
+    from ..schedule.chunking import problem_for
+
+    try:
+        return problem_for(problem, schedule)
+    except ScheduleMismatchError:
+        raise UserError(
+            f"{schedule_path} was made for problem {schedule.problem_hash}, but "
+            f"{problem_path} is problem {problem.hash} (and not a re-chunking of it); "
+            "simulate it with its own problem"
+        ) from None
+
+
+def simulate_cmd(
+    problem_path: ProblemArg,
+    schedule_path: Annotated[Path, typer.Argument(help="schedule JSON (optpipe.schedule/1)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the evaluation as JSON")] = False,
+) -> None:
+    """Evaluate a given schedule on a problem: timing, memory, and every violation."""
+    with user_errors():
+        given = load_problem(problem_path)
+        check_size(given, "simulate")
+        schedule = load_schedule(schedule_path, _schedule_cap(given))
+        problem = _schedule_problem(given, schedule, schedule_path, problem_path)
+        check_size(problem, "simulate")
+        ev = simulate(problem, schedule).evaluation
+        if as_json:
+            sys.stdout.write(
+                json.dumps(
+                    {
+                        "problem": problem.hash,
+                        "generator": schedule.generator,
+                        **ev.model_dump(mode="json"),
+                        "lower_bound": lower_bound(problem),
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+        else:
+            sched = schedule.with_evaluation(ev)
+            print_table(
+                problem, [schedule_row(schedule.generator, sched, lower_bound(problem))], {}
+            )
+            for v in ev.violations[:SHOWN_VIOLATIONS]:
+                out.print(f"[red]{v.kind}[/]: {v.message}", markup=True, highlight=False)
+            if len(ev.violations) > SHOWN_VIOLATIONS:
+                more = len(ev.violations) - SHOWN_VIOLATIONS
+                out.print(f"... and {more} more violations (--json lists them all)")
+        if not ev.feasible:
+            raise typer.Exit(1)
+
+
+def trace(
+    schedule_path: Annotated[Path, typer.Argument(help="schedule JSON")],
+    out_path: Annotated[Path, typer.Option("--out", help="trace file to write")] = Path(
+        "trace.json"
+    ),
+    problem_path: Annotated[
+        Path | None,
+        typer.Option("--problem", help="the problem (default: the one embedded in the schedule)"),
+    ] = None,
+) -> None:
+    """Write a Chrome trace (open it in https://ui.perfetto.dev) of a schedule's timeline."""
+    with user_errors():
+        given = None if problem_path is None else load_problem(problem_path)
+        if given is not None:
+            check_trace_size(given)
+        schedule = load_schedule(
+            schedule_path, MAX_TRACE_SCHEDULE_BYTES if given is None else _schedule_cap(given)
+        )
+        check_out_path(out_path)
+        if given is not None and problem_path is not None:
+            problem = _schedule_problem(given, schedule, schedule_path, problem_path)
+            check_trace_size(problem)
+        elif schedule.problem is not None:
+            problem = schedule.problem
+        else:
+            raise UserError(
+                f"{schedule_path} does not embed its problem; pass --problem PROBLEM.json"
+            )
+        if schedule.problem_hash != problem.hash:
+            raise UserError(
+                f"{schedule_path} was made for problem {schedule.problem_hash}, not {problem.hash}"
+            )
+        check_trace_size(problem)
+        ev = simulate(problem, schedule).evaluation
+        if ev.makespan is None:
+            raise UserError(f"{schedule_path} cannot be timed: {ev.violations[0].message}")
+        from ..inspector.chrome_trace import chrome_trace
+
+        doc = chrome_trace(problem, schedule)
+        text = json.dumps(doc)
+        write_output(out_path, text)
+        out.print(
+            f"wrote {out_path} ({len(doc['traceEvents'])} events, {len(text) / 1e6:.1f} MB); "
+            "open it in Perfetto"
+        )

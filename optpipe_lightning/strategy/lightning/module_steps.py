@@ -1,0 +1,392 @@
+"""The module's own steps, run around the pipeline: the pipeline answers the module's forward.
+
+A step (``training_step``, ``validation_step``, ``test_step``, ``predict_step``) is called once
+per microbatch, with that microbatch as its batch:
+
+1. **Inputs** (every rank, before the pipeline runs): the step runs until it calls the module's
+   forward (``self(x)`` or ``self.forward(x)``); the arguments of that call are the pipeline's
+   inputs for the microbatch (stage 0 feeds them to the first layer) and the step stops there
+   (``self.log`` does nothing in this pass). Every rank runs this with the same batch, so a step
+   that breaks a rule fails on every rank at once, before any rank waits on another.
+2. **Answer** (the last stage, inside the pipeline, as each microbatch's output arrives): the
+   step runs again on the microbatch and its forward returns the pipeline's output; what it
+   logs is kept, and in training the loss it returns drives the schedule's backward.
+3. **Share** (every rank of the pipeline, after it ran): the last stage sends the batch's loss,
+   its logged values (each metric's microbatch values averaged, or summed for a metric summed
+   over steps, ``reduce_fx="sum"``) and the
+   step's joined outputs to the other stages, or the one-line error its step raised; then every
+   rank logs the same values (``replay``), so loggers, the progress bar, ``callback_metrics``,
+   checkpoints and early stopping see one device's value whichever rank computed it.
+
+Rules (``PipelineStepError`` names the one broken): the step calls the forward once, with
+positional tensor arguments (batch first), on inputs computed from the batch alone (no
+randomness in the step before the forward: it runs twice on the last stage); a training step
+returns the loss (a scalar tensor computed from the forward's output) or a dict with ``"loss"``;
+the step makes no collective calls itself (it runs on one rank); values are logged as numbers
+or scalar tensors (not ``torchmetrics.Metric`` objects).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..runtime.microbatch import combine_logged, merge_outputs, shape_key, signature
+from ..runtime.process_groups import PipelineComm
+
+_LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
+_MISSING = object()
+
+
+class PipelineStepError(RuntimeError):
+    """A module step broke a rule of pipelined steps, or raised; the same line on every rank."""
+
+
+class _ForwardCalled(BaseException):
+    """Stops a step at its forward call (a BaseException: ``except Exception`` lets it pass)."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.call_args = args
+        self.call_kwargs = kwargs
+
+
+@dataclass
+class StepPayload:
+    """What the last stage tells the other stages after a step."""
+
+    loss: float | None = None
+    logs: list[tuple[str, Tensor, dict[str, Any]]] = field(default_factory=list)
+    output: Any = None
+    error: str | None = None
+
+
+class ModuleStep:
+    """One call of a module's step hook, for the microbatches of one batch."""
+
+    def __init__(
+        self,
+        module: pl.LightningModule,
+        hook: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        train: bool = False,
+        guard: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.module = module
+        self.hook = hook
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.train = train
+        self.guard = guard  # guard(True): collectives refuse while the step runs on one rank
+        self._signatures: list[list[float]] = []
+        self._logs: list[list[tuple[str, Tensor, dict[str, Any]]]] = []
+        self._losses: list[Tensor] = []
+        self._outputs: list[Any] = []
+        self.failure: BaseException | None = None
+        self.error: str | None = None
+
+    # ---- 1. inputs ---------------------------------------------------------------------------
+
+    def inputs(self, microbatches: Sequence[Any]) -> list[tuple[Tensor, ...]]:
+        """The forward's arguments for each microbatch (every rank; the step stops there)."""
+        out: list[tuple[Tensor, ...]] = []
+        for batch in microbatches:
+
+            def forward(*a: Any, **kw: Any) -> Any:
+                raise _ForwardCalled(a, kw)
+
+            with torch.no_grad(), self._patched(forward, _ignore_log):
+                try:
+                    self._call(batch)
+                except _ForwardCalled as called:
+                    args, kwargs = called.call_args, called.call_kwargs
+                else:
+                    raise PipelineStepError(
+                        f"{self.hook} did not call the module's forward (self(...) or "
+                        "self.forward(...)): under OptPipeStrategy the pipeline computes the "
+                        f"forward; call self(inputs) once and compute the "
+                        f"{'loss' if self.train else 'results'} from what it returns"
+                    )
+            if kwargs:
+                raise PipelineStepError(
+                    f"{self.hook} called the forward with keyword arguments "
+                    f"({', '.join(kwargs)}); the pipeline's first layer takes positional "
+                    "tensors: call self(x, ...) with them in order"
+                )
+            if not args or not all(isinstance(a, Tensor) for a in args):
+                kinds = ", ".join(type(a).__name__ for a in args) or "nothing"
+                raise PipelineStepError(
+                    f"{self.hook} called the forward with {kinds}; the pipeline's inputs are "
+                    "tensors (batch first)"
+                )
+            if out and shape_key(args) != shape_key(out[0]):
+                raise PipelineStepError(
+                    f"{self.hook}: the forward's inputs differ in shape between microbatches "
+                    f"({_shapes(out[0])} and {_shapes(args)}); the pipeline needs equal shapes "
+                    "(pad every batch to one length)"
+                )
+            self._signatures.append(signature(args))
+            out.append(tuple(args))
+        return out
+
+    # ---- 2. answer (last stage, inside the pipeline) ------------------------------------------
+
+    def answer(self, output: Any, target: tuple[int, Any]) -> Tensor | None:
+        """The step on microbatch ``i`` with its forward answered by ``output``; the loss (training).
+
+        Never raises (the other stages are inside the pipeline too): a failure is kept and the
+        pipeline finishes on a zero loss; ``share`` reports it on every rank.
+        """
+        i, batch = target
+        if self.error is not None:
+            return None
+        calls: list[int] = []
+        logs: list[tuple[str, Tensor, dict[str, Any]]] = []
+
+        def forward(*a: Any, **kw: Any) -> Any:
+            if calls:
+                raise PipelineStepError(
+                    f"{self.hook} called the module's forward twice for one batch; the "
+                    "pipeline answers one forward per step: call self(inputs) once"
+                )
+            calls.append(1)
+            if signature(a) != self._signatures[i]:
+                raise PipelineStepError(
+                    f"{self.hook} computed other inputs for the forward when it ran again "
+                    "(randomness in the step before self(...)?): the step runs twice on the "
+                    "last stage; make its inputs depend on the batch only (augment in the "
+                    "DataLoader)"
+                )
+            return output
+
+        def log(*a: Any, **kw: Any) -> None:
+            logs.append(_logged(self.hook, a, kw))
+
+        if self.guard is not None:
+            self.guard(True)
+        try:
+            with self._patched(forward, log):
+                result = self._call(batch)
+            loss = self._loss_of(result) if self.train else None
+        except Exception as e:
+            self.failure = e
+            self.error = (
+                str(e)
+                if isinstance(e, PipelineStepError)
+                else f"{self.hook} raised {type(e).__name__}: {e} (on the last pipeline stage, "
+                f"microbatch {i})"
+            )
+            return None
+        finally:
+            if self.guard is not None:
+                self.guard(False)
+        self._logs.append(logs)
+        if loss is not None:
+            self._losses.append(loss.detach())
+            extra = (
+                {k: v for k, v in result.items() if k != "loss"}
+                if isinstance(result, dict)
+                else None
+            )
+            self._outputs.append(extra)
+        else:
+            self._outputs.append(_detached(result))
+        return loss
+
+    def _loss_of(self, result: Any) -> Tensor:
+        loss = result.get("loss") if isinstance(result, Mapping) else result
+        if loss is None:
+            raise PipelineStepError(
+                f"{self.hook} returned {'a dict without loss' if isinstance(result, Mapping) else 'None'}"
+                "; under OptPipeStrategy every microbatch needs a loss (skipping a batch is not "
+                "supported): return the loss or {'loss': loss, ...}"
+            )
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise PipelineStepError(
+                f"{self.hook} returned {type(loss).__name__}"
+                f"{'' if not isinstance(loss, Tensor) else f' of shape {tuple(loss.shape)}'}; "
+                "the loss must be a scalar tensor"
+            )
+        if not loss.requires_grad:
+            raise PipelineStepError(
+                f"{self.hook}'s loss does not depend on the forward's output: compute it from "
+                "what self(inputs) returns"
+            )
+        return loss.reshape(())
+
+    # ---- 3. share and replay -----------------------------------------------------------------
+
+    def payload(self) -> StepPayload:
+        """The last stage's report: batch loss, joined logs and outputs, or the error."""
+        if self.error is not None:
+            return StepPayload(error=self.error)
+        out = StepPayload()
+        if self.train and self._losses:
+            out.loss = float(torch.stack(self._losses).double().mean())
+        out.logs = _joined_logs(self._logs)
+        if self._outputs and any(o is not None for o in self._outputs):
+            out.output = _to_cpu(merge_outputs(self._outputs))
+        return out
+
+    def share(self, comm: PipelineComm, last_rank: int) -> StepPayload:
+        """The last stage's payload on every rank of the pipeline (a collective)."""
+        mine = self.payload() if comm.pp_rank == last_rank else None
+        if comm.distributed and comm.num_stages > 1:
+            box = [mine]
+            dist.broadcast_object_list(box, group=comm.pp_group, group_src=last_rank)
+            mine = box[0]
+        assert mine is not None
+        if mine.error is not None:
+            raise PipelineStepError(mine.error) from self.failure
+        return mine
+
+    def replay(self, payload: StepPayload, device: torch.device) -> None:
+        """Log the batch's values on this rank as the step would on one device."""
+        for name, value, kwargs in payload.logs:
+            self.module.log(name, value.to(device), **kwargs)
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _call(self, batch: Any) -> Any:
+        return getattr(self.module, self.hook)(batch, *self.args, **self.kwargs)
+
+    @contextmanager
+    def _patched(self, forward: Callable[..., Any], log: Callable[..., None]) -> Iterator[None]:
+        """The module's forward and log replaced for one step call (instance attributes)."""
+        mod = self.module
+        saved = {k: mod.__dict__.get(k, _MISSING) for k in ("forward", "log")}
+        object.__setattr__(mod, "forward", forward)
+        object.__setattr__(mod, "log", log)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is _MISSING:
+                    mod.__dict__.pop(k, None)
+                else:
+                    object.__setattr__(mod, k, v)
+
+
+def _ignore_log(*args: Any, **kwargs: Any) -> None:
+    """``self.log`` while the inputs are found: nothing (the answer pass logs)."""
+
+
+def _logged(
+    hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, Tensor, dict[str, Any]]:
+    bound = _LOG_SIGNATURE.bind(None, *args, **kwargs)
+    options = {k: v for k, v in bound.arguments.items() if k not in ("self", "name", "value")}
+    name, value = bound.arguments["name"], bound.arguments["value"]
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise PipelineStepError(
+                f"{hook}: self.log({name!r}) got a tensor of {value.numel()} elements; log one "
+                "number (as on one device)"
+            )
+        tensor = value.detach().reshape(())
+    elif isinstance(value, bool | int | float):
+        tensor = torch.tensor(float(value))
+    else:
+        raise PipelineStepError(
+            f"{hook}: self.log({name!r}) got a {type(value).__name__}; under OptPipeStrategy "
+            "log numbers or scalar tensors (for a torchmetrics Metric, log the value its "
+            "forward returns)"
+        )
+    options.pop("enable_graph", None)  # values cross processes: always detached
+    return str(name), tensor, options
+
+
+def _joined_logs(
+    per_microbatch: Sequence[Sequence[tuple[str, Tensor, dict[str, Any]]]],
+) -> list[tuple[str, Tensor, dict[str, Any]]]:
+    """Each name's microbatch values joined into the batch's (``combine_logged``), in
+    first-logged order."""
+    values: dict[str, list[Tensor]] = {}
+    options: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, int] = {}
+    for logs in per_microbatch:
+        for name, value, opts in logs:
+            if name not in values:
+                values[name], options[name] = [], dict(opts)
+            values[name].append(value)
+            if opts.get("batch_size") is not None:
+                sizes[name] = sizes.get(name, 0) + int(opts["batch_size"])
+    out = []
+    for name, vals in values.items():
+        opts = options[name]
+        if name in sizes:  # the whole batch's size, as one device would give it
+            opts["batch_size"] = sizes[name]
+        out.append((name, combine_logged(vals, opts.get("reduce_fx", "mean")).cpu(), opts))
+    return out
+
+
+def _detached(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach()
+    if isinstance(x, Mapping):
+        return {k: _detached(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_detached(v) for v in x))
+    if isinstance(x, tuple | list):
+        return type(x)(_detached(v) for v in x)
+    return x
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, Mapping):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_to_cpu(v) for v in x))
+    if isinstance(x, tuple | list):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _shapes(args: Sequence[Tensor]) -> str:
+    return ", ".join(str(tuple(a.shape)) for a in args)
+
+
+# ---- the steps a module without its own gets (PipelineSpec.loss_fn) ------------------------------
+
+
+def _default_step(module: Any, batch: Any, kind: str) -> Tensor:
+    """``x, y = split_batch(batch)``; ``loss = loss_fn(self(x), y)``, logged as one device would."""
+    strategy = module.trainer.strategy
+    spec = strategy.spec
+    x, y = spec.split(batch)
+    out = module(*x) if isinstance(x, tuple | list) else module(x)
+    loss: Tensor = spec.loss_fn(out, y)
+    name = {"train": strategy.options.log_loss_as, "val": "val_loss", "test": "test_loss"}[kind]
+    if name:
+        module.log(name, loss, prog_bar=True, sync_dist=strategy.options.data_parallel > 1)
+    return loss
+
+
+def _default_training_step(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Tensor:
+    return _default_step(self, batch, "train")
+
+
+def _default_validation_step(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Tensor:
+    return _default_step(self, batch, "val")
+
+
+def _default_test_step(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Tensor:
+    return _default_step(self, batch, "test")
+
+
+DEFAULT_STEPS: dict[str, Callable[..., Tensor]] = {
+    "training_step": _default_training_step,
+    "validation_step": _default_validation_step,
+    "test_step": _default_test_step,
+}
