@@ -463,8 +463,8 @@ def executor_order_peak(problem: Problem, sim: Any) -> float:
     (the end of the compute action listed before it: the executor allocates the buffers then,
     even while the offload's device copy is still held), and an OFFLOAD's freed at its settle
     point (the start of the first action the simulator starts after the copy's end, or the F
-    that waits for it: ``offload.settle_points``), where the simulator frees them at the copy's
-    end, possibly inside an action. The executor may drop a copy earlier (``poll``, when the
+    that waits for it: ``offload.settle_points``), as the simulator now does too (issue 34); the
+    difference left is the reload, allocated here at its issue, in the simulator at its start. The executor may drop a copy earlier (``poll``, when the
     host sees it done: always on CPU, rarely on a GPU the host runs ahead of), so this is the
     GPU's worst case. A diagnostic beside the simulator's peak."""
     from optpipe_lightning.strategy.runtime.offload import settle_points
