@@ -36,12 +36,14 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("work started on a problem that should have been refused")
 
-    import optpipe_lightning.cli.schedule_commands as commands
+    import optpipe_lightning.schedule as schedule_pkg
     import optpipe_lightning.schedule.baselines as baselines
+    import optpipe_lightning.schedule.bounds as bounds
 
+    # (the commands import these when they run, so the patched ones are what they get)
     monkeypatch.setattr(baselines, "generate", boom)
-    monkeypatch.setattr(commands, "lower_bound", boom)
-    monkeypatch.setattr(commands, "simulate", boom)
+    monkeypatch.setattr(bounds, "lower_bound", boom)
+    monkeypatch.setattr(schedule_pkg, "simulate", boom)
     monkeypatch.setattr(solver_pkg, "solve", boom)
 
 

@@ -4,7 +4,8 @@
 ``schedule_commands.py`` (compare, solve, baseline, simulate, trace), ``problem_commands.py``
 (``optpipe problem``) and ``db_commands.py`` (``optpipe db``) hold the commands; ``inputs.py``,
 ``input_files.py``, ``arguments.py`` and ``size_guard.py`` read and check what the user gives;
-``output.py`` and ``solver_run.py`` print; ``errors.py`` and ``command_errors.py`` turn a mistake
+``output.py`` and ``solver_run.py`` print; ``records.py`` stores what a command printed
+(``--db``); ``errors.py`` and ``command_errors.py`` turn a mistake
 into one line; ``demo.py`` builds the demo database of ``optpipe inspect --demo``.
 """
 

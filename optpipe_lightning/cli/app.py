@@ -31,6 +31,34 @@ app = typer.Typer(
     cls=OneLineErrors,
 )
 
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        typer.echo(f"optpipe-lightning {version('optpipe-lightning')}")
+    except PackageNotFoundError:  # a source tree that was never installed
+        typer.echo("optpipe-lightning (not installed: unknown version)")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Memory-aware pipeline schedules: solve, compare, simulate, export, inspect."""
+
+
 # the schedule commands (schedule_commands.py), in the order --help lists them
 app.command()(compare)
 app.command()(solve)
@@ -72,10 +100,12 @@ def inspect(
 
 
 def _mount_optional() -> None:
-    try:
-        from .db_commands import app as db_app
-    except ImportError:
+    from importlib.util import find_spec
+
+    if find_spec("sqlalchemy") is None:  # the database extra is not installed
         return
+    from .db_commands import app as db_app  # (imports no SQLAlchemy until a command runs)
+
     app.add_typer(db_app, name="db", help="List, show, export, import and prune the database.")
 
 
@@ -92,7 +122,7 @@ _mount_problem()
 
 
 def main() -> None:
-    app()
+    app(prog_name="optpipe")  # (also under `python -m optpipe_lightning`)
 
 
 if __name__ == "__main__":

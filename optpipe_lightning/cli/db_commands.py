@@ -12,19 +12,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from sqlalchemy.orm import Session
 
-from ..profiles_db import repository as repo
-from ..profiles_db.database import Database, default_database_url, head_revision, open_database
 from ..profiles_db.errors import DatabaseError
-from ..profiles_db.rows import _Row
-from ..profiles_db.transfer import EXPORT_FORMAT, ExportDocument, export_document, import_document
 from .command_errors import OneLineErrors
 from .command_errors import fail as _fail
+
+if TYPE_CHECKING:  # SQLAlchemy and the models load when a command runs: --help stays fast
+    from sqlalchemy.orm import Session
+
+    from ..profiles_db.database import Database
 
 app = typer.Typer(
     help="The profiles database: measured profiles, schedules, solver and training runs.",
@@ -61,8 +61,16 @@ class ShowWhat(StrEnum):
     training_run = "training-run"
 
 
+def _repo() -> ModuleType:
+    from ..profiles_db import repository
+
+    return repository
+
+
 @contextmanager
 def _open(url: str | None, *, read_only: bool) -> Iterator[Database]:
+    from ..profiles_db.database import default_database_url, open_database
+
     try:
         db = open_database(url if url is not None else default_database_url(), read_only=read_only)
     except DatabaseError as e:
@@ -96,6 +104,18 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+BYTE_COLUMNS = frozenset({"memory_limit"})
+
+
+def _fmt_column(column: str, v: Any) -> str:
+    """A cell: bytes in the one byte unit every optpipe table uses (``73.01 GB``)."""
+    if column in BYTE_COLUMNS and isinstance(v, int | float):
+        from ..schedule.units import format_bytes
+
+        return format_bytes(float(v))
+    return _fmt(v)
+
+
 def _table(title: str, rows: list[Any], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -104,33 +124,33 @@ def _table(title: str, rows: list[Any], columns: list[str]) -> None:
     for c in columns:
         table.add_column(c)
     for r in rows:
-        table.add_row(*(_fmt(getattr(r, c)) for c in columns))
+        table.add_row(*(_fmt_column(c, getattr(r, c)) for c in columns))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 _LISTS: dict[ListWhat, tuple[Callable[[Session, str | None], list[Any]], list[str]]] = {
     ListWhat.problems: (
-        lambda s, h: [r for r in repo.list_problems(s) if h is None or r.hash == h],
+        lambda s, h: [r for r in _repo().list_problems(s) if h is None or r.hash == h],
         ["hash", "name", "num_stages", "num_microbatches", "num_chunks", "memory_limit",
          "offload", "num_schedules", "best_makespan"],
     ),
     ListWhat.schedules: (
-        lambda s, h: repo.list_schedules(s, h),
+        lambda s, h: _repo().list_schedules(s, h),
         ["id", "problem_hash", "generator", "source", "makespan", "feasible", "bubble_rate",
          "num_offloaded", "created_at"],
     ),
     ListWhat.profiles: (
-        lambda s, h: repo.list_profiles(s),
+        lambda s, h: _repo().list_profiles(s),
         ["id", "device_kind", "device_count", "torch_version", "model_name", "num_stages",
          "num_chunks", "microbatch_size", "measured_at", "hardware_key", "model_key"],
     ),
     ListWhat.solver_runs: (
-        lambda s, h: repo.list_solver_runs(s, h),
+        lambda s, h: _repo().list_solver_runs(s, h),
         ["id", "problem_hash", "backend", "status", "makespan", "lower_bound", "num_events",
          "schedule_id", "started_at"],
     ),
     ListWhat.training_runs: (
-        lambda s, h: repo.list_training_runs(s),
+        lambda s, h: _repo().list_training_runs(s),
         ["id", "model_name", "device_kind", "status", "num_steps", "started_at",
          "finished_at"],
     ),
@@ -164,6 +184,7 @@ def show(
     db: DbOption = None,
 ) -> None:
     """Print one stored item as JSON (a run with its events, steps and switches)."""
+    repo = _repo()
     with _open(db, read_only=True) as database, database.session() as s:
         doc: Any
         if what is ShowWhat.problem:
@@ -202,6 +223,8 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Write profiles, problems and schedules to one JSON file (to move them between machines)."""
+    from ..profiles_db.transfer import export_document
+
     with _open(db, read_only=True) as database, database.session() as s:
         doc = export_document(s, profiles=profiles, schedules=schedules, problem_hash=problem)
     text = doc.model_dump_json(indent=1)
@@ -221,15 +244,25 @@ def export(
 
 @app.command("import")
 def import_(
-    src: Annotated[Path, typer.Argument(help="JSON file written by `optpipe db export`.")],
+    src: Annotated[
+        Path,
+        typer.Argument(
+            help="JSON file written by `optpipe db export`, or a schedule file "
+            "(`optpipe baseline NAME PROBLEM --out FILE`, `optpipe solve --out FILE`)."
+        ),
+    ],
     db: DbOption = None,
 ) -> None:
-    """Store the profiles, problems and schedules of an export file (already stored: skipped).
+    """Store the profiles, problems and schedules of an export file, or one schedule file
+    (with its embedded problem); what is already stored is skipped.
 
     Nothing in the file is trusted: every schedule is simulated again (one whose evaluation
     says otherwise is refused), every problem hash recomputed, every profile checked against
     the model it claims; any refusal stores nothing.
     """
+    from pydantic import ValidationError
+
+    from ..profiles_db.transfer import EXPORT_FORMAT, ExportDocument, import_document
     from .errors import UserError, describe_validation_error
     from .input_files import decode, parse_json, read_bytes
 
@@ -242,6 +275,9 @@ def import_(
         data = parse_json(decode(raw, src), src)
     except UserError as e:
         _fail(f"{src} is not an optpipe export ({str(e).removeprefix(f'{src}: ')}); {hint}")
+    if isinstance(data, dict) and data.get("format") == "optpipe.schedule/1":
+        _import_schedule(src, data, db)
+        return
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         _fail(f"{src} is not an optpipe export (no format {EXPORT_FORMAT!r}); {hint}")
     try:
@@ -269,12 +305,51 @@ def import_(
     )
 
 
+def _import_schedule(src: Path, data: dict[str, Any], db: str | None) -> None:
+    """Store one schedule file (a baseline's or the solver's, its problem embedded)."""
+    from pydantic import ValidationError
+
+    from ..schedule import Schedule
+    from .errors import UserError, describe_validation_error
+    from .size_guard import check_size
+
+    try:
+        schedule = Schedule.model_validate(data)
+    except ValidationError as e:
+        _fail(f"{src} is not a valid schedule ({describe_validation_error(e)})")
+    if schedule.problem is None:
+        _fail(
+            f"{src} does not embed its problem: write it with `optpipe baseline NAME PROBLEM "
+            "--out FILE` (which embeds it), or store it with its problem in an export file"
+        )
+    try:
+        check_size(schedule.problem, "simulate")  # it is simulated again before it is stored
+    except UserError as e:
+        _fail(f"{src}: {e}")
+    source = "solver" if schedule.generator == "optpipe" else "baseline"
+    with _open(db, read_only=False) as database:
+        repo = _repo()
+        try:
+            with database.session() as s:
+                before = {r.id for r in repo.list_schedules(s, schedule.problem_hash)}
+                sid = repo.store_schedule(s, schedule, source=source)
+        except ValueError as e:
+            _fail(f"{src}: {e}")
+    state = "already stored" if sid in before else "imported"
+    typer.echo(
+        f"{state}: schedule {sid} ({schedule.generator}) of problem {schedule.problem_hash}",
+        err=True,
+    )
+
+
 @app.command()
 def check(db: DbOption = None) -> None:
     """Check the file, the schema and every row of every table again; exit 2 on problems.
 
     Each problem is printed on stdout; stderr gets one line with the count and the first.
     """
+    from ..profiles_db.database import head_revision
+
     with _open(db, read_only=True) as database:
         problems = database.check()
         revision = head_revision()
@@ -305,6 +380,7 @@ def prune(
     db: DbOption = None,
 ) -> None:
     """Delete superseded profiles, surplus schedules and old runs."""
+    repo = _repo()
     with _open(db, read_only=dry_run) as database, database.session() as s:
         report = repo.prune(
             s,
@@ -320,4 +396,41 @@ def prune(
     )
 
 
-__all__ = ["_Row", "app"]
+@app.command()
+def upgrade(
+    db: DbOption = None,
+    backup_done: Annotated[
+        bool,
+        typer.Option(
+            "--backup-done",
+            help="A server database (PostgreSQL): you have backed it up yourself (pg_dump).",
+        ),
+    ] = False,
+) -> None:
+    """Migrate the database to this version's schema, after a backup copy of an SQLite file.
+
+    The one way to migrate: other commands and the inspector refuse an older database and name
+    this command. A current database is left untouched.
+    """
+    from ..profiles_db.database import default_database_url
+    from ..profiles_db.upgrade import upgrade_database
+
+    try:
+        result = upgrade_database(
+            db if db is not None else default_database_url(), backup_done=backup_done
+        )
+    except DatabaseError as e:
+        _fail(str(e))
+    if not result.migrated:
+        typer.echo(
+            f"{result.where} is current (schema revision {result.to_revision}): nothing to do"
+        )
+        return
+    copy = f"; the old file is copied to {result.backup}" if result.backup else ""
+    typer.echo(
+        f"upgraded {result.where} from schema revision {result.from_revision} to "
+        f"{result.to_revision}{copy}"
+    )
+
+
+__all__ = ["app"]

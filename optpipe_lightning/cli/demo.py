@@ -341,6 +341,18 @@ def default_demo_path() -> Path:
     return Path(base) / "optpipe" / "demo.db"
 
 
+def _older_schema(path: Path) -> bool:
+    from ..profiles_db import DatabaseError, OlderSchemaError, open_database
+
+    try:
+        open_database(f"sqlite:///{path}", read_only=True, create=False).close()
+    except OlderSchemaError:
+        return True
+    except DatabaseError:
+        return False  # another fault: the inspector names it
+    return False
+
+
 def ensure_demo_database(url: str | None, *, log: Callable[[str], None] = print) -> str:
     """The URL of a demo database: ``url`` filled with the demo, or the cached demo file (built
     the first time, reused after: delete it to rebuild)."""
@@ -349,9 +361,11 @@ def ensure_demo_database(url: str | None, *, log: Callable[[str], None] = print)
         build_demo_database(url, time_limit=3.0)
         return url
     path = default_demo_path()
-    if path.exists():
+    if path.exists() and not _older_schema(path):
         log(f"demo database {path} (delete it to build it again)")
         return f"sqlite:///{path}"
+    if path.exists():  # made by an older version: the demo is rebuilt, never migrated
+        log(f"demo database {path} is of an older schema: building it again")
     path.parent.mkdir(parents=True, exist_ok=True)
     log(f"building the demo database {path}: baselines and about 15 s of solving...")
     part = path.with_name(f".{path.name}.{os.getpid()}")  # an interrupted build leaves no demo

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
-from ..schedule.problem import COST_FIELDS
+if TYPE_CHECKING:  # pydantic and the schedule model load on first use: `optpipe --help` is fast
+    from pydantic import ValidationError
 
-_PER_STAGE = {*COST_FIELDS, "bytes"}
 _TYPE_TAGS = frozenset({"float", "int", "str", "bool", "none", "list", "dict"})
 
 
@@ -16,6 +16,8 @@ class UserError(Exception):
 
 def describe_validation_error(err: ValidationError) -> str:
     """The first problem pydantic found, as ``field: reason`` (plus a count of the others)."""
+    from ..schedule.problem import COST_FIELDS
+
     errors = err.errors(include_url=False)
     first = errors[0]
     loc = [str(x) for x in first["loc"]]
@@ -25,7 +27,7 @@ def describe_validation_error(err: ValidationError) -> str:
     field = ".".join(loc)
     msg = str(first["msg"]).removeprefix("Value error, ")
     kind = str(first["type"])
-    if loc and loc[-1] in _PER_STAGE and kind.endswith("_type"):
+    if loc and loc[-1] in {*COST_FIELDS, "bytes"} and kind.endswith("_type"):
         msg = "expected a number, a list of num_stages numbers or a [stage][chunk] list of lists"
     elif kind == "extra_forbidden":
         msg = "unknown field (check the spelling; extra fields are not allowed)"

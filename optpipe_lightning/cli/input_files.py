@@ -17,13 +17,14 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import UserError, describe_validation_error
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:  # pydantic loads when a file is read, not for `optpipe --help`
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 MAX_DEPTH = 32
 """How deep a JSON document may nest (the formats nest at most 6 levels; ``params`` a few)."""
@@ -163,6 +164,8 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> A
 
 def load_model(path: str | Path, model: type[M], what: str, max_bytes: int | None = None) -> M:
     """Read and validate a JSON file, raising ``UserError`` with a one-line reason."""
+    from pydantic import ValidationError
+
     p = Path(path)
     data = read_json(p, what, MAX_FILE_BYTES if max_bytes is None else max_bytes)
     if not isinstance(data, dict):

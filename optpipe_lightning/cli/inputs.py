@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..schedule import Problem, Schedule
-from ..schedule.simulator import ScheduleMismatchError
 from .command_errors import fail as _fail
 from .errors import UserError
 from .input_files import load_model
-from .size_guard import MAX_PROBLEM_BYTES
+
+if TYPE_CHECKING:  # the schedule model (numpy, pydantic) loads when a command runs, not for --help
+    from ..schedule import Problem, Schedule
 
 
 @contextmanager
@@ -26,7 +26,7 @@ def user_errors() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except (UserError, ScheduleMismatchError) as e:
+    except UserError as e:
         _fail(str(e))
     except Exception as e:
         # user errors of parts imported lazily (matched by name, subclasses included, so the
@@ -37,17 +37,28 @@ def user_errors() -> Iterator[None]:
 
 
 _PART_USER_ERRORS = frozenset(
-    {"NotApplicable", "InfeasibleMemoryLimit", "DatabaseError", "TraceError"}
+    {
+        "NotApplicable",
+        "InfeasibleMemoryLimit",
+        "DatabaseError",
+        "TraceError",
+        "ScheduleMismatchError",
+    }
 )
 
 
 def load_problem(path: Path) -> Problem:
+    from ..schedule import Problem
+    from .size_guard import MAX_PROBLEM_BYTES
+
     return load_model(path, Problem, "problem", MAX_PROBLEM_BYTES)
 
 
 def load_schedule(path: Path, max_bytes: int | None = None) -> Schedule:
     """A schedule file; ``max_bytes`` (``size_guard.max_schedule_bytes``) refuses one larger
     than any schedule of its problem before it is parsed."""
+    from ..schedule import Schedule
+
     return load_model(path, Schedule, "schedule", max_bytes)
 
 

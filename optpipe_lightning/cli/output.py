@@ -5,23 +5,50 @@ contract's fields, DESIGN.md), the problem summary and the table that shows the 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ..schedule import Problem, Schedule
-from ..schedule.units import format_bytes, format_seconds
+if TYPE_CHECKING:  # the schedule model loads when a command runs, not for --help
+    from ..schedule import Problem, Schedule
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 
+@contextmanager
+def status_line(first: str, *, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner with one line of what runs now, on stderr when it is a terminal (else
+    nothing: piped and ``--json`` output stay as they were); yields the line's setter."""
+    console = sys.modules[__name__].err  # (looked up now: tests swap the console)
+    if not enabled or not console.is_terminal:
+        yield lambda _text: None
+        return
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    spinner = Spinner("dots", first)
+    with Live(spinner, console=console, transient=True, refresh_per_second=12.5) as live:
+
+        def say(text: str) -> None:
+            spinner.update(text=text)
+            live.refresh()  # every step shows, however fast the steps come
+
+        yield say
+
+
 def fmt_time(seconds: float | None) -> str:
+    from ..schedule.units import format_seconds
+
     return format_seconds(seconds)
 
 
 def fmt_bytes(x: float | None) -> str:
+    from ..schedule.units import format_bytes
+
     return format_bytes(x, none="∞")
 
 

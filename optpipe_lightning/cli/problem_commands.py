@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 
-from ..schedule import Problem
 from .arguments import write_output
 from .errors import UserError, describe_validation_error
+
+if TYPE_CHECKING:  # the schedule model loads when the command runs, not for --help
+    from ..schedule import Problem
 
 
 def _parse_bytes(text: str | None, option: str = "--memory-limit") -> float | None:
@@ -133,6 +134,8 @@ def problem_command(
 
 
 def _from_model(**fields: object) -> Problem:
+    from pydantic import ValidationError
+
     from ..schedule.model_estimate import ModelSpec, estimate_problem
 
     missing = [
@@ -154,6 +157,8 @@ def _from_model(**fields: object) -> Problem:
 def _from_profile(
     profile_id: int, db_url: str | None, limit: float | None, limit_mb: float | None
 ) -> Problem:
+    from pydantic import ValidationError
+
     from ..profiles_db import open_database
     from ..profiles_db import repository as repo
 

@@ -7,18 +7,24 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..schedule import Problem, Schedule, simulate
-from ..schedule.bounds import lower_bound
-from ..schedule.simulator import ScheduleMismatchError
 from .arguments import check_out_path, check_solver_options, write_output
 from .errors import UserError
 from .inputs import MarginOpt, ProblemArg, load_problem, load_schedule, user_errors, with_margin
-from .output import err, fmt_time, out, print_table, problem_summary, schedule_row
+from .output import (
+    err,
+    fmt_time,
+    out,
+    print_table,
+    problem_summary,
+    schedule_row,
+    status_line,
+)
 from .size_guard import (
     MAX_TRACE_SCHEDULE_BYTES,
     CompareBudget,
@@ -30,15 +36,29 @@ from .size_guard import (
 )
 from .solver_run import run_solver
 
+if TYPE_CHECKING:  # the schedule model (numpy, pydantic) loads when a command runs: --help is fast
+    from ..schedule import Problem, Schedule
+    from .records import CommandRecord
+
 SHOWN_VIOLATIONS = 20
 
 
 def _least_bound(problem: Problem) -> float:
     """The lower bound over every chunking the problem allows (each chunking's bound holds for
     its own schedules only)."""
+    from ..schedule.bounds import lower_bound
     from ..schedule.chunking import chunkings, rechunk
 
     return min(lower_bound(rechunk(problem, v, pl)) for v, pl in chunkings(problem))
+
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="store every row printed (baselines and the solver's) and one solver-run record "
+        "in this database (SQLAlchemy URL)"
+    ),
+]
 
 
 def compare(
@@ -51,6 +71,7 @@ def compare(
     ] = 10.0,
     seed: Annotated[int, typer.Option(help="solver random seed")] = 0,
     memory_margin: MarginOpt = None,
+    db: DbOpt = None,
 ) -> None:
     """Every applicable baseline and the solver on one problem, side by side.
 
@@ -59,40 +80,32 @@ def compare(
     """
     started = time.perf_counter()
     with user_errors():
-        problem = with_margin(load_problem(problem_path), memory_margin)
-        budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
-        if not no_solve:
-            check_solver_options(solver, seed)
-        from ..schedule.baselines import (
-            BASELINE_NAMES,
-            NotApplicable,
-            best_schedule,
-            generate_chunked,
-        )
-        from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
-
-        bound = _least_bound(problem)
-        rows: list[dict[str, Any]] = []
-        skipped: dict[str, str] = {}
-        candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
-        for name in BASELINE_NAMES:
-            if time.perf_counter() > budget.baselines_until:  # none starts after its share
-                skipped[name] = budget.stopped
-                continue
+        with status_line(f"compare: reading {problem_path}", enabled=not as_json) as say:
+            problem = with_margin(load_problem(problem_path), memory_margin)
+            if not no_solve:
+                check_solver_options(solver, seed)
+            budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
+            record = _start_record(
+                db,
+                problem,
+                "baselines" if no_solve else solver,
+                {"command": "compare", "time_limit": time_limit, "seed": seed},
+            )
+            if record is not None:  # opening (creating) the database is not the comparison's
+                started = time.perf_counter()
+                budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
             try:
-                with deadline_at(budget.baselines_until):
-                    made = generate_chunked(name, problem)
-            except NotApplicable as e:
-                skipped[name] = str(e)
-                continue
-            except DeadlineExceeded:
-                skipped[name] = budget.stopped
-                continue
-            except (ImportError, AttributeError):
-                skipped[name] = "not available in this build"
-                continue
-            candidates += made
-            rows.append(schedule_row(name, best_schedule(made), bound))
+                bound = _least_bound(problem)
+                rows, skipped, candidates, chosen = _compare_baselines(
+                    problem, budget, bound, say, started
+                )
+                if record is not None:
+                    for row in rows:
+                        record.store(row["name"], chosen[row["name"]], "baseline")
+            except BaseException as e:
+                if record is not None:
+                    record.end("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+                raise
         if not no_solve:
             result = run_solver(
                 problem,
@@ -100,11 +113,22 @@ def compare(
                 budget.solver_seconds(),
                 seed,
                 quiet=as_json,
-                db_url=None,
+                record=record,
                 candidates=candidates,
+                finish=False,
             )
             rows.append(
                 schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds)
+            )
+        if record is not None:
+            from .records import best_row
+
+            best = best_row(rows)
+            record.finish(
+                result.status if not no_solve else "baselines",
+                None if best is None else best["makespan"],
+                bound,
+                None if best is None else record.schedule_ids.get(best["name"]),
             )
         if as_json:
             doc = {
@@ -115,6 +139,63 @@ def compare(
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             print_table(problem, rows, skipped)
+
+
+def _start_record(
+    url: str | None, problem: Problem, backend: str, params: dict[str, Any]
+) -> CommandRecord | None:
+    if url is None:
+        return None
+    from .records import CommandRecord
+
+    return CommandRecord.start(url, problem, backend, params)
+
+
+def _compare_baselines(
+    problem: Problem,
+    budget: CompareBudget,
+    bound: float,
+    say: Callable[[str], None],
+    started: float,
+) -> tuple[list[dict[str, Any]], dict[str, str], list[Schedule], dict[str, Schedule]]:
+    """Every applicable baseline within its share of the time: the rows, the reasons of those
+    skipped, every schedule made (the solver's candidates) and each row's schedule."""
+    from ..schedule.baselines import (
+        BASELINE_NAMES,
+        NotApplicable,
+        best_schedule,
+        generate_chunked,
+    )
+    from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
+
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
+    chosen: dict[str, Schedule] = {}
+    for k, name in enumerate(BASELINE_NAMES, 1):
+        if time.perf_counter() > budget.baselines_until:  # none starts after its share
+            skipped[name] = budget.stopped
+            continue
+        say(
+            f"compare: baseline {name} ({k}/{len(BASELINE_NAMES)}, "
+            f"{time.perf_counter() - started:.1f} s)"
+        )
+        try:
+            with deadline_at(budget.baselines_until):
+                made = generate_chunked(name, problem)
+        except NotApplicable as e:
+            skipped[name] = str(e)
+            continue
+        except DeadlineExceeded:
+            skipped[name] = budget.stopped
+            continue
+        except (ImportError, AttributeError):
+            skipped[name] = "not available in this build"
+            continue
+        candidates += made
+        chosen[name] = best_schedule(made)
+        rows.append(schedule_row(name, chosen[name], bound))
+    return rows, skipped, candidates, chosen
 
 
 def solve(
@@ -144,7 +225,10 @@ def solve(
         check_solver_options(solver, seed, gap)
         check_out_path(out_path)
         left = solver_seconds(problem, time_limit, started)  # the command holds the limit
-        result = run_solver(problem, solver, left, seed, quiet=as_json, db_url=db, gap=gap)
+        record = _start_record(
+            db, problem, solver, {"time_limit": time_limit, "seed": seed, "gap": gap}
+        )
+        result = run_solver(problem, solver, left, seed, quiet=as_json, record=record, gap=gap)
         if out_path is not None:
             write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
@@ -178,6 +262,10 @@ def baseline(
     time_limit: Annotated[
         float, typer.Option(help="give up after this many seconds (the slow generators)")
     ] = 60.0,
+    db: Annotated[
+        str | None,
+        typer.Option(help="also store the schedule and one run record in this database (URL)"),
+    ] = None,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
     with user_errors():
@@ -190,11 +278,21 @@ def baseline(
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
         budget = CompareBudget(problem, time_limit, solving=False)
+        params = {"command": "baseline", "baseline": name, "time_limit": time_limit}
+        record = _start_record(db, problem, "baselines", params)
         try:
             with deadline_at(budget.baselines_until):
                 sched = generate(name, problem)
-        except DeadlineExceeded:
-            raise UserError(f"{name}: {budget.stopped}") from None
+            if record is not None:
+                ev = sched.evaluation
+                sid = record.store(name, sched, "baseline")
+                record.finish("baselines", ev.makespan if ev else None, None, sid)
+        except BaseException as e:
+            if record is not None:
+                record.end("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+            if isinstance(e, DeadlineExceeded):
+                raise UserError(f"{name}: {budget.stopped}") from None
+            raise
         text = sched.to_json(indent=1)
         if out_path is None:
             sys.stdout.write(text + "\n")
@@ -223,6 +321,7 @@ def _schedule_problem(
     """The problem to check a schedule against: the one given, or the re-chunking of it the
     schedule was built for (``layers_per_stage``)."""
     from ..schedule.chunking import problem_for
+    from ..schedule.simulator import ScheduleMismatchError
 
     try:
         return problem_for(problem, schedule)
@@ -241,6 +340,9 @@ def simulate_cmd(
 ) -> None:
     """Evaluate a given schedule on a problem: timing, memory, and every violation."""
     with user_errors():
+        from ..schedule import simulate
+        from ..schedule.bounds import lower_bound
+
         given = load_problem(problem_path)
         check_size(given, "simulate")
         schedule = load_schedule(schedule_path, _schedule_cap(given))
@@ -286,6 +388,8 @@ def trace(
 ) -> None:
     """Write a Chrome trace (open it in https://ui.perfetto.dev) of a schedule's timeline."""
     with user_errors():
+        from ..schedule import simulate
+
         given = None if problem_path is None else load_problem(problem_path)
         if given is not None:
             check_trace_size(given)

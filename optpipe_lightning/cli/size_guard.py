@@ -24,10 +24,12 @@ and what to do.
 from __future__ import annotations
 
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from ..schedule.problem import Problem
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from ..schedule.problem import Problem
 
 MAX_UNITS: Final[dict[str, int]] = {
     "simulate": 262_144,

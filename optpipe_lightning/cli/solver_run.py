@@ -1,16 +1,19 @@
 """One solver run from the command line: the live progress display on a terminal, and the run
-and its schedule recorded in a profiles database (``--db``), closed as failed or interrupted
-when the solve does not finish.
+and its schedule recorded in a profiles database (``CommandRecord`` of ``--db``), closed as
+failed or interrupted when the solve does not finish.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..schedule import Problem, Schedule
 from .output import err, out
+
+if TYPE_CHECKING:
+    from ..schedule import Problem, Schedule
+    from .records import CommandRecord
 
 
 def run_solver(
@@ -20,28 +23,19 @@ def run_solver(
     seed: int,
     *,
     quiet: bool,
-    db_url: str | None,
+    record: CommandRecord | None,
     gap: float = 0.0,
     candidates: list[Schedule] | None = None,
+    finish: bool = True,
 ) -> Any:
+    """Solve; with ``record``, its incumbents are recorded and its schedule stored (as row
+    ``optpipe``), and the run is closed with the result unless ``finish=False`` (the caller
+    closes it)."""
     from ..solver import solve
 
     callbacks: list[Callable[[Any], None]] = []
-    recorder = None
-    run_id = None
-    db = None
-    if db_url is not None:
-        from ..profiles_db import open_database
-        from ..profiles_db import repository as repo
-
-        db = open_database(db_url)
-        with db.session() as s:
-            repo.store_problem(s, problem)
-            run_id = repo.start_solver_run(
-                s, problem.hash, backend, {"time_limit": time_limit, "seed": seed, "gap": gap}
-            )
-        recorder = repo.SolverEventRecorder(db, run_id)
-        callbacks.append(recorder)
+    if record is not None:
+        callbacks.append(record.event_recorder())
 
     def on_incumbent(inc: Any) -> None:
         for cb in callbacks:
@@ -68,43 +62,14 @@ def run_solver(
                 use_baselines=candidates is None,
             )
     except BaseException as e:  # the run ends here: never leave it "running"
-        if db is not None and recorder is not None and run_id is not None:
-            end_run(
-                db,
-                recorder,
-                run_id,
-                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
-            )
+        if record is not None:
+            record.end("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
         raise
     if result.message and not quiet:
         err.print(f"optpipe: note: {result.message}", markup=False)
-    if db is not None and recorder is not None and run_id is not None:
-        from ..profiles_db import repository as repo
-
-        recorder.close()
-        with db.session() as s:
-            # the schedule embeds the problem it was built for (a re-chunking of this one)
-            sid = repo.store_schedule(s, result.schedule, source="solver")
-            repo.finish_solver_run(
-                s,
-                run_id,
-                status=result.status,
-                makespan=result.makespan,
-                lower_bound=result.lower_bound,
-                schedule_id=sid,
-            )
+    if record is not None:
+        # the schedule embeds the problem it was built for (a re-chunking of this one)
+        sid = record.store("optpipe", result.schedule, "solver")
+        if finish:
+            record.finish(result.status, result.makespan, result.lower_bound, sid)
     return result
-
-
-def end_run(db: Any, recorder: Any, run_id: int, status: str) -> None:
-    """Close a run the solve could not finish (best effort: the solve's error is what counts)."""
-    from ..profiles_db import repository as repo
-
-    recorder.close()
-    try:
-        with db.session() as s:
-            repo.finish_solver_run(
-                s, run_id, status=status, makespan=None, lower_bound=None, schedule_id=None
-            )
-    except Exception as e:
-        err.print(f"optpipe: note: could not mark solver run {run_id} {status}: {e}", markup=False)

@@ -426,16 +426,21 @@ def solver_chart(
     return chart
 
 
+COMPARE_WIDTH = 800  # px of time axis: with the stage axis it fits a 980 px wide column
+
+
 def compare_chart(
     stacked: pd.DataFrame,
     order: Sequence[str] | None = None,
     *,
     unit: str = "ms",
-    width: int = 900,
+    width: int = COMPARE_WIDTH,
 ) -> AnyChart:
     """Several schedules' timelines, one row each, on one shared time axis.
 
-    Click a bar to highlight that microbatch in every row (double-click clears).
+    Each row's name sits above it (not beside it), so the chart is ``width`` plus the stage
+    axis wide whatever the names: it fits the page's column. Click a bar to highlight that
+    microbatch in every row (double-click clears).
     """
     pick = alt.selection_point(fields=["micro"], on="click", clear="dblclick", name="pick")
     present = sorted(set(stacked["kind"])) if len(stacked) else None
@@ -449,7 +454,12 @@ def compare_chart(
     chart = bars.facet(
         data=stacked,
         row=alt.Row(
-            "schedule:N", sort=names, title=None, header=alt.Header(labelAngle=0, labelAlign="left")
+            "schedule:N",
+            sort=names,
+            title=None,
+            header=alt.Header(
+                labelAngle=0, labelOrient="top", labelAnchor="start", labelAlign="left"
+            ),
         ),
     ).resolve_scale(x="shared", y="independent")
     return _fast(chart, len(stacked))

@@ -157,6 +157,7 @@ PROBLEM_COLUMNS = [
     "offload",
     "schedules",
     "best_makespan",
+    "given_hash",
 ]
 
 
@@ -181,6 +182,7 @@ def problems(url: str) -> pd.DataFrame:
                 "best_makespan": _get(r, "best_makespan"),
             }
             row["label"] = labels.problem_label(row)
+            row["given_hash"] = _get(r, "given_hash")
             rows.append(row)
         return pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
 
@@ -206,15 +208,19 @@ SCHEDULE_COLUMNS = [
 
 
 @st.cache_data(ttl=LIST_TTL, show_spinner=False)
-def schedules(url: str, problem_hash: str | None = None) -> pd.DataFrame:
+def schedules(
+    url: str, problem_hash: str | None = None, with_rechunkings: bool = False
+) -> pd.DataFrame:
     """Stored schedules (newest first within a problem), without their action lists: what
-    produced each one (``produced_by``), its problem's label, makespan (seconds)."""
+    produced each one (``produced_by``), its problem's label, makespan (seconds).
+    ``with_rechunkings``: also those of the re-chunkings the solver and baselines ran for the
+    problem (each labelled by its chunking)."""
     table = problems(url)
     problem_labels = dict(zip(table["hash"], table["label"], strict=True))
     chunking = {r.hash: (int(r.chunks or 1), str(r.placement or "")) for r in table.itertuples()}
 
     def q(s: Any) -> pd.DataFrame:
-        recs = list(_repo().list_schedules(s, problem_hash=problem_hash))
+        recs = list(_repo().list_schedules(s, problem_hash, with_rechunkings=with_rechunkings))
         params = _params(s, "ScheduleRecord", [int(_get(r, "id")) for r in recs])
         rows = []
         for rec in recs:
@@ -317,32 +323,33 @@ def schedule_json(url: str, schedule_id: int) -> str:
     return sc.to_json(indent=1)
 
 
-@st.cache_data(ttl=STATIC_TTL, show_spinner="generating the baseline schedules...")
+@st.cache_data(ttl=LIST_TTL, show_spinner=False)
 def baseline_makespans(url: str, problem_hash: str) -> dict[str, float]:
-    """Makespan (seconds) of every feasible baseline on the problem: stored ones, else generated
-    now by ``schedule.baselines``."""
-    out: dict[str, float] = {}
-    table = schedules(url, problem_hash)
-    stored = set(table[table["source"] == "baseline"]["generator"])
-    for r in table.itertuples():
-        if r.source == "baseline" and r.feasible and pd.notna(r.makespan):
-            prev = out.get(r.generator)
-            out[r.generator] = r.makespan if prev is None else min(prev, r.makespan)
-    from optpipe_lightning.schedule.baselines import BASELINE_NAMES, NotApplicable, generate
+    """Makespan (seconds) of every feasible baseline stored for the problem (on any of its
+    chunkings): the schedules stored as baselines, and the rows ``optpipe compare --db``
+    printed. Read only: the inspector never generates a schedule."""
 
-    missing = [n for n in BASELINE_NAMES if n not in stored]
-    if not missing:
-        return out
-    pb = problem(url, problem_hash)
-    for name in missing:
-        try:
-            sc = generate(name, pb)
-        except NotApplicable:
-            continue
-        ev = sc.evaluation
-        if ev is not None and ev.feasible and ev.makespan is not None:
-            out[name] = ev.makespan
-    return out
+    def q(s: Any) -> dict[str, float]:
+        repo = _repo()
+        recs = list(repo.list_schedules(s, problem_hash, with_rechunkings=True))
+        by_id = {int(_get(r, "id")): r for r in recs}
+        found: dict[str, float] = {}
+
+        def add(name: str, rec: Any) -> None:
+            mk = _get(rec, "makespan")
+            if not _get(rec, "feasible") or mk is None:
+                return
+            found[name] = min(float(mk), found.get(name, float("inf")))
+
+        for rec in recs:
+            if _get(rec, "source") == "baseline":
+                add(str(_get(rec, "generator")), rec)
+        for name, sid in repo.run_rows(s, problem_hash).items():
+            if name != "optpipe" and sid in by_id:
+                add(name, by_id[sid])
+        return found
+
+    return _query(url, q)
 
 
 # ---- solver runs --------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 The process is replaced (``os.execv``), not wrapped: a wrapper killed by SIGTERM would orphan
 Streamlit, which then ignores SIGTERM once its output pipe is gone. The server (``serve.py``:
 Streamlit's command line with the first page's imports warmed in the background) listens on
-127.0.0.1 only, sends no usage statistics and watches no files. A database of an older schema
-is upgraded once before the read-only server opens it.
+127.0.0.1 only, sends no usage statistics and watches no files. It never writes the database: one
+of an older schema revision is refused with the command that migrates it (``optpipe db upgrade``).
 """
 
 from __future__ import annotations
@@ -49,22 +49,15 @@ def streamlit_command(
 def check_database(db_url: str | None) -> str | None:
     """None when the database opens read-only, else the one-line reason it does not.
 
-    A database of an older schema revision is upgraded first (opened once for writing), since
-    the read-only server cannot read it; a file it cannot write stays an error.
+    Read-only means read-only: a database of an older schema revision is never migrated here;
+    the reason names ``optpipe db upgrade``, the one way to migrate.
     """
     from optpipe_lightning.profiles_db import DatabaseError, open_database
 
     try:
         open_database(db_url, read_only=True, create=False).close()
     except DatabaseError as e:
-        if "older schema revision" not in str(e):
-            return str(e)
-        try:
-            open_database(db_url, create=False).close()
-            open_database(db_url, read_only=True, create=False).close()
-        except DatabaseError as e2:
-            return str(e2)
-        print("optpipe inspect: upgraded the database's schema", file=sys.stderr)
+        return str(e)
     return None
 
 

@@ -45,7 +45,7 @@ def _event_layers(events: pd.DataFrame | None) -> list[alt.Chart]:
     text = (
         alt.Chart(events)
         .mark_text(align="left", dx=3, dy=4, fontSize=10, color=EVENT_COLOR, baseline="top")
-        .encode(x="step:Q", y=alt.value(0), text="short:N")
+        .encode(x="step:Q", y=alt.Y("label_y:Q", scale=None), text="short:N")
     )
     return [rules, text]
 

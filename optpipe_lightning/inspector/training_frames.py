@@ -119,27 +119,36 @@ def _gain(before: float | None, after: float | None) -> tuple[str, str]:
     return f"{format_seconds(before)} → {format_seconds(after)} ({pct})", pct
 
 
+PROFILING_SCHEDULE = "optpipe-profiling"  # what runs before the first stored schedule
+LABEL_CHAR_PX = 6.0  # the event labels' width per character (10 px font) ...
+LABEL_LANE_PX = 12  # ... and the height of one row of labels
+CHART_WIDTH_PX = 700.0  # the narrowest the step-time chart is drawn
+
+
 def events_frame(switches: Rows, calibrations: Rows, schedules: Mapping[int, str]) -> pd.DataFrame:
     """Schedule switches and re-calibrations in step order: step, kind (switch / calibration),
-    what (schedules involved), gain (predicted step time before -> after), reason, short (the
-    chart's label)."""
+    what (schedules involved, named as the training log names them: ``optpipe-profiling ->
+    optpipe (#9)``), gain (predicted step time before -> after), reason, short (the chart's
+    label) and label_y (pixels from the top: labels that would overlap go on rows below)."""
 
     def name(sid: Any) -> str:
-        if sid is None:
-            return "none"
-        return f"#{int(sid)} {schedules.get(int(sid), '')}".rstrip()
+        if sid is None:  # the run's first schedule: the profiling one, never stored
+            return PROFILING_SCHEDULE
+        made = schedules.get(int(sid), "")
+        return f"{made} (#{int(sid)})" if made else f"#{int(sid)}"
 
     rows = []
     for r in switches:
         gain, pct = _gain(r.get("predicted_before"), r.get("predicted_after"))
+        to = r.get("to_schedule_id")
         rows.append(
             {
                 "step": int(r["step"]),
                 "kind": "switch",
-                "what": f"{name(r.get('from_schedule_id'))} → {name(r.get('to_schedule_id'))}",
+                "what": f"{name(r.get('from_schedule_id'))} → {name(to)}",
                 "gain": gain,
                 "reason": r.get("reason") or "",
-                "short": f"→ #{r.get('to_schedule_id')}" + (f" ({pct})" if pct else ""),
+                "short": f"→ #{to}" + (f" ({pct})" if pct else ""),
             }
         )
     for r in calibrations:
@@ -155,4 +164,27 @@ def events_frame(switches: Rows, calibrations: Rows, schedules: Mapping[int, str
             }
         )
     df = pd.DataFrame(rows, columns=["step", "kind", "what", "gain", "reason", "short"])
-    return df.sort_values(["step", "kind"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["step", "kind"], kind="stable").reset_index(drop=True)
+    return df.assign(label_y=label_rows(list(df["step"]), list(df["short"])))
+
+
+def label_rows(
+    steps: Sequence[float], texts: Sequence[str], *, width_px: float = CHART_WIDTH_PX
+) -> list[int]:
+    """The y (pixels from the top) of each label drawn at its step, so that no two overlap:
+    each goes on the first row where the label before it has ended (steps ascending)."""
+    if not steps:
+        return []
+    span = max(max(steps) - min(steps), 1.0)
+    px_per_step = width_px / span
+    ends: list[float] = []  # per row: the step where its last label ends
+    out = []
+    for step, text in zip(steps, texts, strict=True):
+        length = (len(text) * LABEL_CHAR_PX + 8) / px_per_step
+        row = next((i for i, end in enumerate(ends) if end <= step), len(ends))
+        if row == len(ends):
+            ends.append(step + length)
+        else:
+            ends[row] = step + length
+        out.append(row * LABEL_LANE_PX)
+    return out

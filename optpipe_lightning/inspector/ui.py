@@ -22,6 +22,7 @@ from optpipe_lightning.schedule.units import format_bytes, format_seconds
 
 T = TypeVar("T")
 ENV_VAR = "OPTPIPE_DB_URL"
+REMEMBERED = "chosen:"  # session keys of what the pickers chose, by widget key
 
 
 def parse_db_arg(argv: Sequence[str]) -> str | None:
@@ -81,20 +82,25 @@ def pick(
     parse: Callable[[str], Hashable] = int,
 ) -> Any:
     """A selectbox (widget ``key``) over ``options`` mirrored in the ``?param=`` query
-    parameter (``key`` when not given).
+    parameter (``key`` when not given), and remembered for the session: another page's picker
+    of the same parameter starts from it (a page switch drops the query), and writes it into
+    that page's URL.
 
     A link that names an option the database does not hold gets a notice and the default.
     """
     param = param or key
     names = dict(zip(options, labels, strict=True))
     raw = st.query_params.get(param)
+    from_link = raw is not None
+    if raw is None:  # a page switch drops the query: the choice made on another page
+        raw = st.session_state.get(REMEMBERED + key)
     wanted: Hashable | None = None
     if raw is not None:
         try:
             wanted = parse(raw)
         except ValueError:
             wanted = None
-        if wanted not in names:
+        if wanted not in names and from_link:
             st.warning(
                 f"No {what} {raw!r} in this database (from the link): showing "
                 f"{names[options[default]]} instead.",
@@ -103,6 +109,7 @@ def pick(
     index = list(options).index(wanted) if wanted in names else default
     chosen = st.selectbox(what, options, index=index, format_func=lambda i: names[i], key=key)
     st.query_params[param] = str(chosen)
+    st.session_state[REMEMBERED + key] = str(chosen)  # for the next page (and in its URL)
     return chosen
 
 

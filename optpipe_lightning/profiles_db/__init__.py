@@ -20,22 +20,54 @@ See ``database`` (connection and migration rules), ``repository`` (what is store
 and ``profiles`` (the rules for reusing a profile).
 """
 
-from .database import (
-    Database,
-    default_database_path,
-    default_database_url,
-    head_revision,
-    open_database,
-    try_open_database,
-)
-from .errors import DatabaseError, NotFoundError
-from .recorder import SolverEventRecorder
-from .validation import profile_defect
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .database import (
+        Database,
+        default_database_path,
+        default_database_url,
+        head_revision,
+        open_database,
+        try_open_database,
+    )
+    from .errors import DatabaseError, NotFoundError, OlderSchemaError
+    from .recorder import SolverEventRecorder
+    from .validation import profile_defect
+
+# imported on first use (SQLAlchemy costs ~0.3 s): `optpipe db --help` and the modules that
+# only name this package (the `db` command group) start without it
+_LAZY = {
+    "Database": "database",
+    "default_database_path": "database",
+    "default_database_url": "database",
+    "head_revision": "database",
+    "open_database": "database",
+    "try_open_database": "database",
+    "DatabaseError": "errors",
+    "NotFoundError": "errors",
+    "OlderSchemaError": "errors",
+    "SolverEventRecorder": "recorder",
+    "profile_defect": "validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Database",
     "DatabaseError",
     "NotFoundError",
+    "OlderSchemaError",
     "SolverEventRecorder",
     "default_database_path",
     "default_database_url",

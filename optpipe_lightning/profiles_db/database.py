@@ -44,7 +44,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from .errors import DatabaseError, is_environmental, translate
+from .errors import DatabaseError, OlderSchemaError, is_environmental, translate
 from .models import OPTPIPE_TABLES, VERSION_TABLE
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def default_database_url() -> str:
 # The newest migration in ``migrations/versions`` (a test checks it against Alembic's own
 # reading of the scripts). Opening a database that is already current compares its stored
 # revision with this, so reading never imports Alembic (~0.5 s of the inspector's first page).
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 
 
 @lru_cache(maxsize=1)
@@ -254,11 +254,15 @@ def open_database(
     read_only: bool = False,
     create: bool = True,
     busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+    upgrade: bool = False,
 ) -> Database:
-    """Open (and create or migrate when allowed) the profiles database at ``url``.
+    """Open (and create when allowed) the profiles database at ``url``.
 
     ``url=None`` means ``default_database_url()``. ``read_only`` opens without ever writing
-    (the inspector); ``create=False`` refuses to create a new database. Raises ``DatabaseError``.
+    (the inspector); ``create=False`` refuses to create a new database. A database of an older
+    schema revision raises ``OlderSchemaError`` naming ``optpipe db upgrade``, the one way to
+    migrate (``upgrade.upgrade_database``, which passes ``upgrade=True`` after a backup).
+    Raises ``DatabaseError``.
     """
     make_dir = url is None and not os.environ.get("OPTPIPE_DB_URL", "").strip()
     url_str = url if url is not None else default_database_url()
@@ -275,7 +279,7 @@ def open_database(
         engine, where = _server_engine(parsed, read_only)
     db = Database(url_str, engine, read_only=read_only, where=where)
     try:
-        _prepare_schema(db, create=create)
+        _prepare_schema(db, create=create, upgrade=upgrade and not read_only)
     except BaseException:
         engine.dispose()
         raise
@@ -427,8 +431,11 @@ def _state(conn: Connection) -> tuple[str | None, set[str]]:
     return revision, tables
 
 
-def _needs_upgrade(db: Database, revision: str | None, tables: set[str], create: bool) -> bool:
-    """Whether migrations must run; raises for databases that must not be touched."""
+def _needs_upgrade(
+    db: Database, revision: str | None, tables: set[str], create: bool, upgrade: bool = False
+) -> bool:
+    """Whether migrations must run; raises for databases that must not be touched, and for an
+    older revision unless ``upgrade`` (``optpipe db upgrade`` is the one way to migrate)."""
     head = head_revision()
     if revision == head:
         return False
@@ -456,28 +463,33 @@ def _needs_upgrade(db: Database, revision: str | None, tables: set[str], create:
             f"optpipe-lightning {_package_version()} knows (newest {head}): upgrade optpipe-lightning "
             "or use another --db"
         )
-    if db.read_only:
-        raise DatabaseError(
+    if not upgrade:
+        url = db.url if db.backend == "sqlite" else db.where  # (never a password)
+        raise OlderSchemaError(
             f"database {db.where} has the older schema revision {revision} (current {head}): "
-            "open it once without read-only to upgrade it"
+            f"run `optpipe db upgrade --db {url}` to migrate it (it keeps a backup copy)",
+            where=db.where,
+            backend=db.backend,
+            revision=revision,
         )
     return True
 
 
-def _prepare_schema(db: Database, *, create: bool) -> None:
+def _prepare_schema(db: Database, *, create: bool, upgrade: bool = False) -> None:
     try:
         with db.engine.connect() as conn:
             revision, tables = _state(conn)
-        upgrade = _needs_upgrade(db, revision, tables, create)  # raises for a foreign file
+        # raises for a foreign file, and for an older revision unless upgrading
+        migrate = _needs_upgrade(db, revision, tables, create, upgrade)
         if db.backend == "sqlite" and not db.read_only and db.where != ":memory:":
             _use_wal(db.engine)  # only now that the file is known to be ours (or empty)
-        if not upgrade:
+        if not migrate:
             return
         with db.engine.begin() as conn:  # BEGIN IMMEDIATE on SQLite: one migrator at a time
             if db.backend == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
             revision, tables = _state(conn)  # again, under the lock
-            if _needs_upgrade(db, revision, tables, create):
+            if _needs_upgrade(db, revision, tables, create, upgrade):
                 log.info("migrating %s from %s to %s", db.where, revision, head_revision())
                 from alembic import command
 

@@ -16,6 +16,16 @@ class NotFoundError(DatabaseError, LookupError):
     """A row asked for by id or hash is not in the database."""
 
 
+class OlderSchemaError(DatabaseError):
+    """The database has an older schema revision: ``optpipe db upgrade`` migrates it."""
+
+    def __init__(self, message: str, *, where: str, backend: str, revision: str) -> None:
+        super().__init__(message)
+        self.where = where  # the SQLite file's path, or the server URL without its password
+        self.backend = backend
+        self.revision = revision
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message (drivers add SQL and links below)."""
     orig = getattr(exc, "orig", None) or exc

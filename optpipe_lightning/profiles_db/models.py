@@ -141,6 +141,11 @@ class ProblemRecord(Base):
     offload: Mapped[bool] = mapped_column(Boolean)
     data: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    given_hash: Mapped[str | None] = mapped_column(
+        String(64),
+        index=True,
+        doc="for a re-chunking the solver or a baseline ran: the problem the user gave",
+    )
 
 
 class ScheduleRecord(Base):
@@ -161,6 +166,11 @@ class ScheduleRecord(Base):
     params: Mapped[dict[str, Any]] = mapped_column()
     data: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    content_digest: Mapped[str | None] = mapped_column(
+        String(64),
+        index=True,
+        doc="digest of what runs (problem, chunking, actions): the same schedule is stored once",
+    )
 
 
 class SolverRunRecord(Base):

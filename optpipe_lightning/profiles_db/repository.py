@@ -33,6 +33,8 @@ from .solver_runs import (
     finish_solver_run,
     get_solver_run,
     list_solver_runs,
+    run_rows,
+    set_solver_run_rows,
     solver_events,
     start_solver_run,
 )
@@ -75,7 +77,9 @@ __all__ = [
     "record_metrics",
     "record_step",
     "record_switch",
+    "run_rows",
     "schedule_switches",
+    "set_solver_run_rows",
     "solver_events",
     "start_solver_run",
     "start_training_run",

@@ -31,8 +31,9 @@ class ProblemRow(_Row):
     memory_limit: float | None  # the smallest per-stage limit; None = unlimited
     offload: bool
     created_at: datetime
-    num_schedules: int
-    best_makespan: float | None  # best feasible stored schedule
+    num_schedules: int  # a problem the user gave: its re-chunkings' schedules included
+    best_makespan: float | None  # best feasible stored schedule (of those)
+    given_hash: str | None = None  # a re-chunking: the problem the user gave
 
 
 @dataclass(frozen=True, slots=True)

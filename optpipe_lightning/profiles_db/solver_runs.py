@@ -21,6 +21,8 @@ __all__ = [
     "finish_solver_run",
     "get_solver_run",
     "list_solver_runs",
+    "run_rows",
+    "set_solver_run_rows",
     "solver_events",
     "start_solver_run",
 ]
@@ -64,6 +66,30 @@ def finish_solver_run(
     rec.lower_bound = lower_bound
     rec.schedule_id = schedule_id
     rec.finished_at = utcnow()
+
+
+def set_solver_run_rows(s: Session, run_id: int, rows: dict[str, int]) -> None:
+    """Record which stored schedule each row a command printed is (``params["rows"]``:
+    name -> schedule id), as ``optpipe compare --db`` does."""
+    rec = s.get(SolverRunRecord, run_id)
+    if rec is None:
+        raise NotFoundError(f"no solver run with id {run_id} in the database")
+    rec.params = {**rec.params, "rows": json_safe(dict(rows), "solver run rows")}
+
+
+def run_rows(s: Session, problem_hash: str) -> dict[str, int]:
+    """Every row name -> schedule id the runs of a problem recorded (the newest run's wins)."""
+    q = (
+        select(SolverRunRecord.params)
+        .where(SolverRunRecord.problem_hash == problem_hash)
+        .order_by(SolverRunRecord.id)
+    )
+    found: dict[str, int] = {}
+    for params in s.scalars(q):
+        rows = params.get("rows") if isinstance(params, dict) else None
+        if isinstance(rows, dict):
+            found.update({str(k): int(v) for k, v in rows.items() if isinstance(v, int)})
+    return found
 
 
 def _solver_run_rows(s: Session, where: Any = None) -> list[SolverRunRow]:

@@ -27,6 +27,13 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def content_digest(problem_hash: str, schedule_json: dict[str, Any]) -> str:
+    """The digest of what a stored schedule runs: its problem and its actions (not its
+    generator, parameters or timings), so the same schedule found twice is stored once."""
+    what = {"problem_hash": problem_hash, "actions": schedule_json["actions"]}
+    return sha256_hex(json.dumps(what, sort_keys=True, separators=(",", ":")))
+
+
 def parse_stored(model: type[M], data: str, what: str) -> M:
     """Validate stored JSON on the way out; a bad row is a ``DatabaseError``, not a crash."""
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -197,6 +198,70 @@ def test_a_solve_started_while_the_page_is_open_appears(
             page.wait_for_url(f"**/solver?run={run}", timeout=30_000)
             wait_ready(page, "Solver")
             page.get_by_text("solving for").first.wait_for(timeout=30_000)
+            assert page.locator('[data-testid="stException"]').count() == 0
+        finally:
+            browser.close()
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"] - 0.5
+        and b["x"] < a["x"] + a["width"] - 0.5
+        and a["y"] < b["y"] + b["height"] - 0.5
+        and b["y"] < a["y"] + a["height"] - 0.5
+    )
+
+
+def test_issue_38_choices_widths_and_labels(server: tuple[str, DemoDatabase]) -> None:
+    """The chosen schedule survives a page switch (in the URL too); the Compare Gantt fits its
+    column; the Training page's event labels do not overlap; the Solver page computes nothing."""
+    from playwright.sync_api import sync_playwright
+
+    base, db = server
+    sid = db.schedules[("gpt-4x8x2", "adaoffload")]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(f"{base}/timeline?schedule={sid}")
+            wait_ready(page, "Timeline")
+            page.locator('[data-testid="stSidebarNav"] a').filter(has_text="Memory").first.click()
+            wait_ready(page, "Memory")
+            page.wait_for_url(f"**/memory?schedule={sid}", timeout=30_000)
+            box = page.locator('[data-testid="stSelectbox"]').first
+            picked = (box.text_content() or "") + " " + box.locator("input").first.input_value()
+            assert f"#{sid} " in picked, picked
+
+            page.goto(f"{base}/compare?problem={db.problems['gpt-4x8']}")
+            wait_ready(page, "Compare")
+            page.wait_for_function(
+                f"document.querySelectorAll('{DRAWN}').length >= 2", timeout=30_000
+            )
+            column = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+            gantt = page.locator(".vega-embed").nth(1).bounding_box()
+            assert column is not None and gantt is not None
+            assert gantt["x"] + gantt["width"] <= column["x"] + column["width"] + 1, (
+                gantt,
+                column,
+            )
+
+            page.goto(f"{base}/training")
+            wait_ready(page, "Training")
+            page.wait_for_function(
+                f"document.querySelectorAll('{DRAWN}').length >= 4", timeout=30_000
+            )
+            labels = page.locator(".vega-embed svg text").filter(
+                has_text=re.compile(r"^(→ #|calibrated)")
+            )
+            boxes = [b for b in (t.bounding_box() for t in labels.all()) if b]
+            assert len(boxes) >= 2
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1 :]:
+                    assert not _overlap(a, b), (a, b)
+
+            page.goto(f"{base}/solver?run={db.solver_runs[('gpt-4x8', 'cpsat')]}")
+            wait_ready(page, "Solver")
+            assert page.get_by_text("generating the baseline").count() == 0
             assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             browser.close()

@@ -39,14 +39,16 @@ def test_solver_runs_are_recorded_solves(demo_db: DemoDatabase) -> None:
         ("unit-4x8", "auto"),
     }
     with open_database(demo_db.url, read_only=True) as db, db.session() as s:
-        for (key, backend), run_id in demo_db.solver_runs.items():
+        for (key, _backend), run_id in demo_db.solver_runs.items():
             run = repo.get_solver_run(s, run_id)
             assert run.status != "running" and run.finished_at is not None
             assert run.num_events >= 1 and run.problem_hash == demo_db.problems[key]
             sc = repo.get_schedule(s, run.schedule_id)
-            assert sc.generator == "optpipe" and sc.evaluation is not None
-            assert sc.params["time_limit"] == 1.0
-            assert backend == "auto" or sc.params["backend"] == backend
+            assert sc.evaluation is not None
+            # a schedule found again (a stored baseline's, another run's) is stored once,
+            # under what found it first (issue 38): its parameters may be another run's
+            if sc.generator == "optpipe":
+                assert sc.params["time_limit"] == 1.0
             assert sc.evaluation.makespan == pytest.approx(run.makespan)
             events = repo.solver_events(s, run_id)
             assert min(e.makespan for e in events if e.makespan) == pytest.approx(run.makespan)

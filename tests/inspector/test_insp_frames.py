@@ -273,9 +273,18 @@ def test_training_events_carry_reason_and_gain() -> None:
     ev = tf.events_frame(switches, cals, {6: "adaoffload", 7: "optpipe · cpsat"})
     assert ev["step"].tolist() == [4, 12, 20]
     assert ev["kind"].tolist() == ["switch", "calibration", "switch"]
-    assert ev.iloc[2]["what"] == "#6 adaoffload → #7 optpipe · cpsat"
+    assert ev.iloc[2]["what"] == "adaoffload (#6) → optpipe · cpsat (#7)"
     assert ev.iloc[2]["gain"] == "736.300 ms → 682.300 ms (-7.3%)"
     assert ev.iloc[2]["short"] == "→ #7 (-7.3%)"
-    assert ev.iloc[0]["what"] == "none → #6 adaoffload"
+    assert ev.iloc[0]["what"] == "optpipe-profiling → adaoffload (#6)"  # as the training log
     assert ev.iloc[0]["gain"] == "694.600 ms per step"
     assert ev.iloc[1]["short"] == "calibrated (+6.0%)" and ev.iloc[1]["reason"] == "ops 6% slower"
+
+
+def test_event_labels_that_would_overlap_go_on_rows_below() -> None:
+    # 100 steps over 700 px: 7 px a step; "calibrated (+6.0%)" is ~116 px, ~17 steps
+    ys = tf.label_rows([0, 5, 10, 40, 42, 100], ["calibrated (+6.0%)"] * 6, width_px=700)
+    assert ys == [0, 12, 24, 0, 12, 0]
+    assert tf.label_rows([], []) == []
+    far = tf.label_rows([0, 50, 100], ["→ #7"] * 3, width_px=700)
+    assert far == [0, 0, 0]  # apart: all on the top row

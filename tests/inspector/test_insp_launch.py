@@ -104,22 +104,26 @@ def test_browsing_never_imports_torch(demo_db: DemoDatabase) -> None:
     assert "IMPORTED []" in out.stdout
 
 
-def test_an_older_schema_is_upgraded_before_the_read_only_server(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_older_schema_is_refused_unchanged_with_the_upgrade_command(tmp_path: Path) -> None:
+    import hashlib
+
     from alembic import command
 
     from optpipe_lightning.profiles_db import open_database
     from optpipe_lightning.profiles_db.database import _alembic_config
 
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
     db = open_database(url)
     with db.engine.begin() as conn:
         command.downgrade(_alembic_config(conn), "0001")
     db.close()
-    assert launch.check_database(url) is None
-    assert "upgraded the database's schema" in capsys.readouterr().err
-    open_database(url, read_only=True).close()  # now readable as the server reads it
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    problem = launch.check_database(url)
+    assert problem is not None
+    assert "older schema revision 0001" in problem and f"optpipe db upgrade --db {url}" in problem
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not one byte
+    assert not (tmp_path / "old.db.0001.bak").exists()
 
 
 def test_inspect_demo_builds_then_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

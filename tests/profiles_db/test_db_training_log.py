@@ -114,7 +114,10 @@ def test_upgrade_from_0001_keeps_rows(sqlite_url: str) -> None:
         command.downgrade(_alembic_config(conn), "0001")
         assert "training_metrics" not in inspect(conn).get_table_names()
     db.close()
-    db = open_database(sqlite_url)  # upgrades to head on open
+    from optpipe_lightning.profiles_db.upgrade import upgrade_database
+
+    assert upgrade_database(sqlite_url).migrated  # `optpipe db upgrade`: the one way
+    db = open_database(sqlite_url)
     with db.session() as s:
         (sw,) = repo.schedule_switches(s, run)
         assert sw.reason == "old" and sw.predicted_after is None

@@ -13,9 +13,13 @@ MAX_DEFAULT = 4
 url = ui.db_url()
 st.title("Compare")
 problem_hash = ui.pick_problem(url)
-table = ui.load(data.schedules, url, problem_hash)
+# its schedules of every chunking: those of the re-chunkings the solver and baselines ran too
+table = ui.load(data.schedules, url, problem_hash, True)
 if table.empty:
-    ui.empty("No schedules stored for this problem yet.")
+    ui.empty(
+        "No schedules stored for this problem yet: `optpipe compare PROBLEM.json --db "
+        f"{data.display_url(url)}` stores every row it prints."
+    )
 
 # the feasible schedules first (fastest first): what the default comparison shows
 table = table.assign(_infeasible=~table["feasible"]).sort_values(
@@ -33,7 +37,8 @@ if unknown:
         + ".",
         icon="🔎",
     )
-default = [i for i in wanted if i in ids] or ids[:MAX_DEFAULT]
+fitting = [int(r.id) for r in table.itertuples() if r.feasible]
+default = [i for i in wanted if i in ids] or fitting[:MAX_DEFAULT] or ids[:MAX_DEFAULT]
 chosen = st.multiselect(
     "schedules", ids, default=default, format_func=lambda i: names[i], key="compare_ids"
 )

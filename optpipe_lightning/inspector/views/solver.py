@@ -93,7 +93,14 @@ def progress() -> None:
             "its process may have stopped."
         )
     if frame.empty:
-        st.info("This run has reported no incumbent or bound yet.")
+        if row["backend"] == "baselines":  # `compare --no-solve --db`, `baseline --db`
+            st.info(
+                "This run stored baselines only (no solver ran): their schedules are on the "
+                "Compare page.",
+                icon="ℹ️",
+            )
+        else:
+            st.info("This run has reported no incumbent or bound yet.")
         return
     tu = time_unit(float(frame["makespan"].max()))
     shown = frame.assign(makespan=frame["makespan"] / tu.scale)
@@ -118,7 +125,14 @@ def progress() -> None:
     )
     if running:
         st.caption(f"Solving: this chart follows the run every {REFRESH_SECONDS:g} s.")
-    if baselines:
+    if not baselines:
+        st.info(
+            "No baseline of this problem is stored, so none is drawn for comparison: "
+            f"`optpipe compare PROBLEM.json --no-solve --db {data.display_url(url)}` stores "
+            "them (the inspector never computes one).",
+            icon="ℹ️",
+        )
+    else:
         st.caption(
             "Dashed grey lines: the baselines' makespans on this problem ("
             + ", ".join(

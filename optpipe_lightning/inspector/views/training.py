@@ -93,6 +93,6 @@ if len(events):
         f"{n_cal} re-calibration{'s' if n_cal != 1 else ''}"
     )
     ui.dataframe(
-        events.drop(columns=["short"]),
+        events.drop(columns=["short", "label_y"]),
         column_config={"gain": st.column_config.TextColumn("predicted step time")},
     )
