@@ -142,7 +142,9 @@ def _worker(rank: int, world: int, init: str, args: argparse.Namespace, out: str
     p2p = measure_p2p(int(out_bytes), rank, world, group, torch.device("cpu"))
     d2h, h2d = measure_copy_bandwidth(torch.device("cpu"))
     hw = hardware_fingerprint(torch.device("cpu"), world, "gloo")
-    mf = model_fingerprint("bench-mlp", layers, args.batch // m, world, 1, sizes)
+    mf = model_fingerprint(
+        "bench-mlp", layers, args.batch // m, world, 1, sizes, placement="interleaved"
+    )
     raw = build_profile(gathered, hw, mf, m, "interleaved", p2p, d2h, h2d)
     walls = [max(ws) for ws in zip(*gather(walls[1:], group), strict=True)]
     delta = runtime_overhead(raw, engine.schedule.actions, walls) if args.overhead else 0.0

@@ -167,34 +167,36 @@ def _compare_baselines(
         generate_chunked,
     )
     from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
+    from ..solver.candidates import STRONGEST_BASELINES, baseline_order
 
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
     chosen: dict[str, Schedule] = {}
-    for k, name in enumerate(BASELINE_NAMES, 1):
-        if time.perf_counter() > budget.baselines_until:  # none starts after its share
+    made_by: dict[str, list[Schedule]] = {}
+    order = baseline_order(problem)  # under a memory limit the strongest come early
+    for k, name in enumerate(order, 1):
+        until = budget.strongest_until if name in STRONGEST_BASELINES else budget.baselines_until
+        if time.perf_counter() > until:  # none starts after its share
             skipped[name] = budget.stopped
             continue
-        say(
-            f"compare: baseline {name} ({k}/{len(BASELINE_NAMES)}, "
-            f"{time.perf_counter() - started:.1f} s)"
-        )
+        say(f"compare: baseline {name} ({k}/{len(order)}, {time.perf_counter() - started:.1f} s)")
         try:
-            with deadline_at(budget.baselines_until):
-                made = generate_chunked(name, problem)
+            with deadline_at(until):
+                made_by[name] = generate_chunked(name, problem)
         except NotApplicable as e:
             skipped[name] = str(e)
-            continue
         except DeadlineExceeded:
             skipped[name] = budget.stopped
-            continue
         except (ImportError, AttributeError):
             skipped[name] = "not available in this build"
-            continue
-        candidates += made
-        chosen[name] = best_schedule(made)
-        rows.append(schedule_row(name, chosen[name], bound))
+    # rows (and reasons) in the usual order, whatever order they were computed in
+    skipped = {n: skipped[n] for n in BASELINE_NAMES if n in skipped}
+    for name in BASELINE_NAMES:
+        if name in made_by:
+            candidates += made_by[name]
+            chosen[name] = best_schedule(made_by[name])
+            rows.append(schedule_row(name, chosen[name], bound))
     return rows, skipped, candidates, chosen
 
 
@@ -268,6 +270,7 @@ def baseline(
     ] = None,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
+    started = time.perf_counter()  # the limit counts from here, reading the problem included
     with user_errors():
         problem = load_problem(problem_path)
         check_size(problem, "baseline")
@@ -277,7 +280,9 @@ def baseline(
 
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
-        budget = CompareBudget(problem, time_limit, solving=False)
+        budget = CompareBudget(
+            problem, time_limit, solving=False, started=started, command="baseline"
+        )
         params = {"command": "baseline", "baseline": name, "time_limit": time_limit}
         record = _start_record(db, problem, "baselines", params)
         try:

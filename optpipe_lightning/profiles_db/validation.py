@@ -57,6 +57,11 @@ def profile_defect(profile: Profile) -> str | None:
         return f"its model has {p} stages x {v} chunks; at most {MAX_STAGES} x {MAX_CHUNKS}"
     if profile.num_microbatches > MAX_MICROBATCHES:
         return f"num_microbatches {profile.num_microbatches} is above {MAX_MICROBATCHES}"
+    if model.placement is not None and model.placement != profile.placement:
+        return (
+            f"it measures the {profile.placement!r} placement, but its model fingerprint "
+            f"says {model.placement!r}"
+        )
     seen: set[tuple[int, int]] = set()
     for sp in profile.stages:
         key = (sp.stage, sp.chunk)

@@ -66,10 +66,19 @@ class ModelFingerprint(_Strict):
     partition: list[int] = Field(
         default_factory=list, description="number of layers in each layer group"
     )
+    placement: Literal["interleaved", "vshape"] | None = Field(
+        default=None,
+        description="how a device's chunks sit in the model (with num_chunks and partition it "
+        "selects the schedule family); None: a fingerprint written before it was recorded",
+    )
 
     @property
     def key(self) -> str:
-        return _digest(self.model_copy(update={"name": ""}))
+        data = self.model_copy(update={"name": ""}).model_dump(mode="json")
+        if data["placement"] is None:  # the key such a fingerprint always had
+            del data["placement"]
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class OpStats(_Strict):

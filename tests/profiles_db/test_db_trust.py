@@ -134,6 +134,9 @@ def test_profile_defects_are_named() -> None:
         },
         "partition has 3 layer groups": {"model": model_fp(partition=[3, 3, 4])},
         "holds 11 layers": {"model": model_fp(partition=[3, 3, 2, 3])},
+        "measures the 'interleaved' placement, but its model fingerprint says 'vshape'": {
+            "model": model_fp(placement="vshape")
+        },
         "device_kind is 300 characters long": {"hardware": hardware(device_kind="x" * 300)},
         "does not fit in a BIGINT": {"hardware": hardware(device_memory=2**64)},
         "not an ISO-8601 time": {"measured_at": "yesterday"},

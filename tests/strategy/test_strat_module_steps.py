@@ -104,7 +104,7 @@ def _stored_profile(url: str, microbatches: int, memory: float) -> None:
     ]
     profile = Profile(
         hardware=hardware_fingerprint(torch.device("cpu"), 2, "gloo"),
-        model=model_fingerprint("LM", layers, 2, 2, 1, partition),
+        model=model_fingerprint("LM", layers, 2, 2, 1, partition, placement="interleaved"),
         num_microbatches=microbatches,
         stages=stages,
         p2p_seconds=1e-4,

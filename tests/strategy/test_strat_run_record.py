@@ -227,7 +227,9 @@ def _profile(sch: Scheduler, overhead: float = 0.0) -> Any:
     p = sch.comm.num_stages
     return Profile(
         hardware=hardware_fingerprint(torch.device("cpu"), p, "gloo"),
-        model=model_fingerprint("M", sch.spec.layers, 1, p, 1, sch.partition),
+        model=model_fingerprint(
+            "M", sch.spec.layers, 1, p, 1, sch.partition, placement="interleaved"
+        ),
         num_microbatches=4,
         stages=[StageProfile(stage=s, f=ms, b=ms, w=ms, activation_bytes=100.0) for s in range(p)],
         runtime_overhead=overhead,

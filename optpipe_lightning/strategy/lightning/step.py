@@ -15,6 +15,7 @@ takes the 2-norm over every stage's gradients (one all-reduce over the pipeline)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ..planning.options import OptPipeConfigError
+from ..runtime.chain_probe import probe_forward
 from ..runtime.checkpoint import keep_local_optimizer_state
 from ..runtime.microbatch import MicrobatchError, leading_size, shape_key, signature, split_batch
 from ..runtime.process_groups import PipelineComm
@@ -48,6 +50,25 @@ class PipelinedSteps:
         self.guard = guard  # guard(True): collectives refuse while a step runs on one rank
         self.grads = GradientHandover()
         self._input_shape: Any = None  # the training pipeline's (torch fixes it on step 1)
+        # the modes (training or not) the module's forward was probed in (``chain_probe``)
+        self._chain_checked: set[bool] = set()
+
+    def check_chain(self, module: pl.LightningModule, sched: Scheduler, inputs: Any) -> None:
+        """Once per mode (the sanity check's evaluation comes before the first training batch),
+        before that mode's first pipeline is built: the module's forward must be the chain of
+        its layers (``chain_probe``; one line on every rank when it is not)."""
+        if module.training in self._chain_checked:
+            return
+        self._chain_checked.add(module.training)
+        if sched.spec.forward_is_chain:
+            return
+        skipped = probe_forward(module, sched.spec.layers, tuple(inputs))
+        if skipped is not None and self.comm.is_global_zero:
+            warnings.warn(
+                f"optpipe: the check that {type(module).__name__}.forward is the chain of its "
+                f"layers did not run: {skipped}",
+                stacklevel=2,
+            )
 
     def train(
         self,
@@ -74,6 +95,8 @@ class PipelinedSteps:
         step = ModuleStep(module, "training_step", rest, kw, train=True, guard=self.guard)
         with context():
             arg_mbs = step.inputs(mbs)
+            if first:
+                self.check_chain(module, sched, arg_mbs[0])
         if first:
             self._input_shape = shape_key(arg_mbs[0])
             sched.build(m, leading_size(mbs[0]), self.comm.num_stages * self.comm.data_parallel)
@@ -134,6 +157,7 @@ class PipelinedSteps:
             key = shape_key(arg_mbs[0])
             if not sched.has_forward_pipeline(m, key):
                 check_same_batch(batch, self.comm)
+                self.check_chain(module, sched, arg_mbs[0])
             pipe = sched.forward_pipeline(m, key)
             pipe.run(arg_mbs, list(enumerate(mbs)), step.answer)
         payload = step.share(self.comm, pipe.last_rank)
@@ -228,13 +252,20 @@ def average_over_replicas(
 
 
 def clip_grad_norm_over_pipeline(
-    params: Sequence[nn.Parameter], clip_val: float, comm: PipelineComm | None, device: torch.device
+    params: Sequence[nn.Parameter],
+    clip_val: float,
+    comm: PipelineComm | None,
+    device: torch.device,
+    counted_elsewhere: Sequence[nn.Parameter] = (),
 ) -> None:
-    """``clip_grad_norm_`` with the 2-norm over every stage's gradients (one all-reduce)."""
+    """``clip_grad_norm_`` with the 2-norm over every stage's gradients (one all-reduce); a
+    parameter in ``counted_elsewhere`` (shared, another rank counts it) is scaled, not counted."""
     grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p) for p in counted_elsewhere}
     sq = torch.zeros(1, device=device)
-    for g in grads:
-        sq += g.detach().float().pow(2).sum()
+    for p in params:
+        if p.grad is not None and id(p) not in skip:
+            sq += p.grad.detach().float().pow(2).sum()
     if comm is not None and comm.distributed and comm.pp_group is not None:
         dist.all_reduce(sq, group=comm.pp_group)
     coef = torch.clamp(float(clip_val) / (sq.sqrt() + 1e-6), max=1.0)

@@ -464,7 +464,8 @@ class OptPipeStrategy(ModelStateStrategy):
     def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
         engine = self.scheduler.engine if self.scheduler is not None else None
         params = engine.parameters if engine is not None else []
-        clip_grad_norm_over_pipeline(params, clip_val, self.comm, self.root_device)
+        shared = engine.shared.not_counted() if engine is not None else []
+        clip_grad_norm_over_pipeline(params, clip_val, self.comm, self.root_device, shared)
 
     def optimizer_step(
         self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any

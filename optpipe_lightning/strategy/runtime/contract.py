@@ -14,7 +14,9 @@ class GPT(L.LightningModule):
 
 Layer ``i + 1`` takes what layer ``i`` returns (a tuple is spread as positional arguments); the
 first layer takes the inputs the step passes to ``self(...)``. Every trainable parameter of the
-module must belong to one of the layers. A module without its own ``training_step`` (or
+module must belong to one of the layers (one used by several layers, a tied embedding, is kept
+one parameter: ``shared_params``). A module's own ``forward`` must be that chain (checked on the
+first microbatch by ``chain_probe``; ``forward_is_chain=True`` skips the check). A module without its own ``training_step`` (or
 ``validation_step``, ``test_step``) gives ``loss_fn(last_output, targets)``, the (mean-reduced)
 loss of one microbatch, and optionally ``split_batch`` (batch -> (inputs, targets)); the strategy
 then runs that loss as the step and logs ``train_loss`` / ``val_loss`` / ``test_loss``.
@@ -53,6 +55,9 @@ class PipelineSpec:
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None  # for modules without own steps
     split_batch: Callable[[Any], tuple[Any, Any]] | None = None
     layer_costs: Sequence[float] | None = None  # optional relative cost per layer (partitioning)
+    # the module's forward is the chain of ``layers``: skip the probe that checks it on the first
+    # microbatch (``chain_probe``; one forward of one microbatch where the module is)
+    forward_is_chain: bool = False
 
     def split(self, batch: Any) -> tuple[Any, Any]:
         return (self.split_batch or default_split_batch)(batch)

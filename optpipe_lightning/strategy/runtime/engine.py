@@ -22,8 +22,10 @@ from ...schedule import Problem, Schedule, simulate
 from ..planning.partition import group_bounds
 from ..planning.planner import forward_order, profiling_schedule
 from .contract import LayerChain
+from .module_state import batch_stat_layers
 from .offload import OffloadManager, StageWaits, execution_waits
 from .op_memory import CudaAllocator, OpMemoryWatch
+from .shared_params import SharedGradients, shared_parameters
 from .stage import OptPipeStage, RankCursor
 from .torch_adapter import (
     check_lowering,
@@ -40,8 +42,13 @@ class ScheduleRejectedError(ValueError):
     """The schedule failed the simulator's validation or torch's lowering; it is never run."""
 
 
-def validate_for_execution(problem: Problem, schedule: Schedule) -> list[StageWaits]:
+def validate_for_execution(
+    problem: Problem, schedule: Schedule, ordered_groups: Sequence[int] = ()
+) -> list[StageWaits]:
     """The simulator's verdict (feasible) plus torch's lowering; raises with every reason.
+
+    ``ordered_groups``: layer groups whose forwards must run in microbatch order (they hold
+    layers with batch statistics, whose running statistics depend on the order of updates).
 
     Returns per stage the waits the executor honours (``offload.execution_waits``): where each
     offload leaves the device (list positions of a compute action and of the OFFLOAD whose copy
@@ -65,6 +72,15 @@ def validate_for_execution(problem: Problem, schedule: Schedule) -> list[StageWa
             f"schedule {schedule.generator!r}: the last layer group runs its forwards out of "
             "microbatch order, which torch's runtime cannot pair with their losses"
         )
+    for g in ordered_groups:
+        s, c = problem.group_table[g]
+        fs = [a.mb for a in schedule.actions[s] if a.op == "F" and a.chunk == c]
+        if fs != sorted(fs):
+            raise ScheduleRejectedError(
+                f"schedule {schedule.generator!r}: layer group {g} holds layers with batch "
+                "statistics and runs its forwards out of microbatch order (their running "
+                "statistics would differ from one device's)"
+            )
     try:
         check_lowering(problem, schedule.actions)
     except ValueError as e:
@@ -154,7 +170,11 @@ class PipelineEngine(_LossHook):
         offload_min_bytes: int = 0,
         measure: bool = False,
     ) -> None:
-        waits = validate_for_execution(schedule.problem or problem, schedule)
+        bounds = group_bounds(partition)
+        self.ordered_groups = [
+            g for g, (a, b) in enumerate(bounds) if batch_stat_layers(list(layers)[a:b])
+        ]
+        waits = validate_for_execution(schedule.problem or problem, schedule, self.ordered_groups)
         self.problem = problem
         self.schedule = schedule
         self.pp_rank = pp_rank
@@ -168,9 +188,15 @@ class PipelineEngine(_LossHook):
         self.async_loss = False
         self._loss_handout: tuple[Any, torch.Tensor] | None = None  # (work, tensor) in flight
         self.layers = list(layers)
+        # parameters shared by layers of several ranks (tied embeddings): one parameter
+        self.shared = SharedGradients(
+            shared_parameters(self.layers, partition, problem), pp_rank, problem.num_stages
+        )
+        self.shared.allocate_dropped(device)
         self.local_groups, self.local_modules = _local_chains(
             self.layers, partition, problem, pp_rank, device
         )
+        self.shared.broadcast_weights()
         params = [p for m in self.local_modules for p in m.parameters()]
         # one copy stream per direction unless the problem's channel is half duplex
         duplex = bool(getattr(problem.offload, "duplex", True)) if problem.offload else True
@@ -272,7 +298,9 @@ class PipelineEngine(_LossHook):
 
     @property
     def parameters(self) -> list[nn.Parameter]:
-        return [p for m in self.local_modules for p in m.parameters()]
+        """This rank's parameters, each once (a tied weight may sit in two local chunks)."""
+        unique = {id(p): p for m in self.local_modules for p in m.parameters()}
+        return list(unique.values())
 
     # -- stepping ------------------------------------------------------------------------------
 
@@ -290,14 +318,17 @@ class PipelineEngine(_LossHook):
         last group's rank, whose loss is multiplied by ``grad_scale / M`` before its backward
         (``grad_scale = 1/accumulate_grad_batches`` reproduces Lightning's accumulation). Returns
         the microbatch losses (unscaled, detached) on the last group's rank, else nothing;
-        ``self.failure`` holds what a ``loss_fn`` raised.
+        ``self.failure`` holds what a ``loss_fn`` raised. A parameter shared by layers of
+        several ranks gets the sum of their gradients on each of them (``shared_params``).
         """
         m = self.problem.num_microbatches
         self.loss_scale = grad_scale / m
         self._begin(targets, loss_fn or self.user_loss)
         self.cursor.reset()
         args = _joined(arg_mbs, self.device) if self.pp_rank == self.first_rank else None
+        before = self.shared.grads_before()
         run_step(self.runtime, args, m)
+        self.shared.sum_gradients(before)
         self.cursor.step_done()
         if not self.cursor.finished():
             raise RuntimeError(
@@ -380,7 +411,7 @@ class PipelineEngine(_LossHook):
                 f"({', '.join(f'{k}={getattr(target, k)}' for k in shape)}); a switch keeps "
                 "stages, microbatches, chunks and placement"
             )
-        waits = validate_for_execution(target, schedule)
+        waits = validate_for_execution(target, schedule, self.ordered_groups)
         load_order(self.runtime, torch_order(target, schedule.actions))
         mine = waits[self.pp_rank]
         self.cursor.set_actions(schedule.actions[self.pp_rank], mine.settle, mine.reloads)

@@ -87,6 +87,7 @@ def materialise(
     tensors of dropped layers are dropped too: afterwards the rank holds only its own layers and
     the tensors outside every layer."""
     roots = {id(layer): i for i, layer in enumerate(layers)}
+    kept = _kept_modules(layers, keep)
     check_materialisable(module, layers)
     seen: set[int] = set()
 
@@ -110,7 +111,8 @@ def materialise(
                 init()
         if id(m) in roots and roots[id(m)] not in keep:
             for s in m.modules():
-                _drop(s)
+                if id(s) not in kept:  # a module a kept layer shares (tied) stays
+                    _drop(s)
 
     visit(module)
 
@@ -150,11 +152,18 @@ def check_materialisable(module: nn.Module, layers: Sequence[nn.Module]) -> None
 
 
 def drop_layers(layers: Sequence[nn.Module], keep: set[int]) -> None:
-    """Free the tensors of the layers outside ``keep`` (they go to the meta device)."""
+    """Free the tensors of the layers outside ``keep`` (they go to the meta device), except
+    those of modules a kept layer shares (a tied embedding)."""
+    kept = _kept_modules(layers, keep)
     for i, layer in enumerate(layers):
         if i not in keep:
             for m in layer.modules():
-                _drop(m)
+                if id(m) not in kept:
+                    _drop(m)
+
+
+def _kept_modules(layers: Sequence[nn.Module], keep: set[int]) -> set[int]:
+    return {id(m) for i in keep for m in layers[i].modules()}
 
 
 def move_held(module: nn.Module, device: torch.device) -> None:

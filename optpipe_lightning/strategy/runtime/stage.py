@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ...schedule import Action
+from .module_state import preserved_state
 from .offload import OffloadManager
 from .op_memory import OpMemoryWatch
 from .torch_adapter import PipelineStage
@@ -306,6 +307,22 @@ class OptPipeStage(PipelineStage):
         """
         ops = super()._get_init_p2p_neighbors_ops()
         return [op for op in ops if getattr(op, "group_peer", None) != self.group_rank]
+
+    def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
+        """torch's shape inference (a forward before the first step, in training mode, on
+        stand-in inputs past stage 0): it leaves no buffer changed and draws no random number
+        (``module_state.preserved_state``), so no batch statistic or running count sees it."""
+        with preserved_state([self.submod], self.device):
+            return super()._prepare_forward_infra(*args, **kwargs)
+
+    def _to_tensor(self, arg: Any) -> Any:
+        """A stand-in input made from received metadata holds zeros, not uninitialised memory
+        (torch 2.13+; deterministic, and no layer sees inf or NaN)."""
+        out = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor) and isinstance(out, torch.Tensor):
+            with torch.no_grad():
+                out.zero_()
+        return out
 
     def forward_one_chunk(
         self, fwd_chunk_id: int, args: Any, kwargs: Any = None, *rest: Any, **kw: Any

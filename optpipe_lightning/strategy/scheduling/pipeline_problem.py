@@ -62,9 +62,12 @@ def training_microbatches(
     num_stages: int,
     batch_size: int,
     shape: Callable[[int], Problem],
+    min_samples: int = 1,
 ) -> int:
     """The training microbatch count for this batch size (``"auto"``: chosen here, the
-    smallest count a named schedule runs with on the pipeline's ``shape``)."""
+    smallest count a named schedule runs with on the pipeline's ``shape``; among the counts
+    that leave ``min_samples`` samples per microbatch when there are such: layers with batch
+    statistics need two)."""
     p, requested = num_stages, options.num_microbatches
     if isinstance(requested, int):
         if batch_size % requested != 0:
@@ -85,6 +88,13 @@ def training_microbatches(
             return False
         return True
 
+    if min_samples > 1:
+        try:
+            return choose_microbatches(
+                batch_size, p, lambda m: batch_size // m >= min_samples and runs_with(m)
+            )
+        except ValueError:
+            pass  # none leaves enough: the usual choice (the forward probe names the size)
     try:
         return choose_microbatches(batch_size, p, runs_with)
     except ValueError as e:

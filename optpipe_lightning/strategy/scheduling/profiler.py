@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -212,6 +212,7 @@ def model_fingerprint(
     num_chunks: int,
     partition: Sequence[int],
     sequence_length: int | None = None,
+    placement: Literal["interleaved", "vshape"] | None = None,
 ) -> ModelFingerprint:
     params = [p for layer in layers for p in layer.parameters()]
     dtype = str(params[0].dtype).replace("torch.", "") if params else "float32"
@@ -225,6 +226,7 @@ def model_fingerprint(
         num_stages=num_stages,
         num_chunks=num_chunks,
         partition=list(partition),
+        placement=placement,
     )
 
 

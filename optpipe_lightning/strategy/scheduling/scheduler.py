@@ -45,6 +45,7 @@ from ..records.step_records import StepRecords
 from ..runtime.contract import PipelineSpec
 from ..runtime.engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
 from ..runtime.materialize import layer_owners, move_layers
+from ..runtime.module_state import batch_stat_layers
 from ..runtime.op_memory import limits_less_reserve
 from ..runtime.process_groups import PipelineComm
 from .calibration import Calibrator
@@ -159,7 +160,9 @@ class Scheduler:
     def training_microbatches(self, batch_size: int) -> int:
         """The training microbatch count for this batch size (``"auto"``: chosen here)."""
         p = self.comm.num_stages
-        return training_microbatches(self.options, p, batch_size, self.shape_problem)
+        # batch statistics over one sample are undefined: two or more per microbatch
+        least = 2 if batch_stat_layers(self.spec.layers) else 1
+        return training_microbatches(self.options, p, batch_size, self.shape_problem, least)
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``pipeline_problem.memory_limit``)."""
@@ -213,6 +216,7 @@ class Scheduler:
             self.comm.num_stages,
             self.num_chunks,
             self.partition,
+            placement=self.placement,
         )
         self.records.open(o)
         stored_json = self._stored_profile()
@@ -247,6 +251,8 @@ class Scheduler:
         stored = None
         if (log := self.records.active) is not None:
             stored = log.find_profile(self._hardware, self._model_fp)
+            if stored is not None and stored.placement != self.placement:
+                stored = None  # another layout's costs (the fingerprint's key also says so)
         return self.comm.broadcast(None if stored is None else stored.model_dump_json())
 
     def eval_microbatches(self, batch_size: int) -> int:
@@ -564,7 +570,7 @@ class Scheduler:
             move_to_partition(module, optimizers, self.engine, self.comm, self.device)
         self.partition, self.num_chunks, self.placement = partition, num_chunks, placement
         if self._model_fp is not None:
-            update = {"num_chunks": num_chunks, "partition": partition}
+            update = {"num_chunks": num_chunks, "partition": partition, "placement": placement}
             self._model_fp = self._model_fp.model_copy(update=update)
         self.engine.instrument_layers(False)
         base = self.shape_problem()
