@@ -7,7 +7,8 @@ ordering binaries for transfers of one copy lane (``schedule.lanes``: with duple
 offloads and its reloads on separate lanes), and the memory level checked at every
 allocation event (F end, RELOAD start): each other event of that device has a binary saying
 whether it happened by then (an allocation must count when it did, a free may count only when
-it did; same-instant events net out, as in the simulator). Starts are integers, so the big-M
+it did; same-instant events net out, as in the simulator). An offload's free sits at its
+settle point, conservatively its copy's end plus the stage's longest F (``cpsat.settle_delay``). Starts are integers, so the big-M
 float noise is rounded away; the simulator re-times and re-checks every solution anyway.
 """
 
@@ -163,6 +164,8 @@ def build_milp(
     events: list[list[_Event]] = [[] for _ in range(p)]
     transfers: dict[int, list[tuple[OpKey, int]]] = {}  # per copy lane
     lanes = stage_lanes(pb)
+    from .cpsat import settle_delay
+
     for g in range(G):
         s, c = table[g]
         for j in range(m):
@@ -203,7 +206,10 @@ def build_milp(
                 deps[kR] = [(kO, 0)]
                 deps[B].append((kR, 0))
                 nbytes = float(ob[s, c])
-                events[s] += [(S[kO], D[kO], -nbytes, o), (S[kR], 0, nbytes, o)]
+                # the bytes leave at the settle point: conservatively the copy's end plus
+                # the stage's longest F (``cpsat.settle_delay``)
+                settle = settle_delay(tm, pb, s)
+                events[s] += [(S[kO], D[kO] + settle, -nbytes, o), (S[kR], 0, nbytes, o)]
     # device disjunctions for pairs the DAG does not order
     reach: dict[OpKey, set[OpKey]] = {}
 
