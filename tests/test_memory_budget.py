@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from bench_problems import bench_problem
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from bench_problems import bench_problem
 from optpipe_lightning.cli import app
 from optpipe_lightning.profiles_db.storage import content_digest
 from optpipe_lightning.schedule import Problem, Schedule
@@ -127,3 +127,14 @@ def test_old_file_reads_and_simulates_as_before() -> None:
     ev = simulate(pb, tight).evaluation
     assert not ev.feasible and ev.memory_limit == [None] * pb.num_stages
     assert any(v.kind == "memory" and "memory_budget" in v.message for v in ev.violations)
+
+
+def test_bare_actions_take_the_budget_like_the_executor() -> None:
+    """The executor checks and times bare action lists (``engine.validate_for_execution``):
+    with the schedule's budget they get the schedule's waits."""
+    pb = _problem()
+    sched = _solve(pb, memory_margin=0.1)
+    assert sched.memory_budget is not None
+    bare = simulate(pb, sched.actions, memory_budget=sched.memory_budget)
+    assert bare.evaluation == simulate(pb, sched).evaluation
+    assert bare.timeline is not None and max(bare.evaluation.peak_memory) <= 0.9 * LIMIT + 1e-6

@@ -114,20 +114,25 @@ def evaluated(problem: Problem, schedule: Schedule) -> Schedule:
     return schedule.with_evaluation(evaluate(problem, schedule))
 
 
-def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) -> SimResult:
+def simulate(
+    problem: Problem,
+    schedule: Schedule | Sequence[Sequence[Action]],
+    memory_budget: Sequence[float] | None = None,
+) -> SimResult:
     """Time, validate and measure a schedule on a problem.
 
     A schedule with a ``memory_budget`` is timed and checked against the lower of it and the
     problem's limit per stage (its memory waits keep it there, and memory above it is a
-    violation naming the budget); the evaluation's ``memory_limit`` stays the problem's."""
-    budget: list[float] | None = None
+    violation naming the budget); the evaluation's ``memory_limit`` stays the problem's.
+    ``memory_budget``: the same for bare action lists (the executor's check)."""
+    budget: Sequence[float] | None = memory_budget
     if isinstance(schedule, Schedule):
         if schedule.problem_hash != problem.hash:
             raise ScheduleMismatchError(
                 f"schedule was made for problem {schedule.problem_hash}, not {problem.hash}"
             )
         actions: Sequence[Sequence[Action]] = schedule.actions
-        budget = schedule.memory_budget
+        budget = schedule.memory_budget if memory_budget is None else memory_budget
     else:
         actions = schedule
     gc_was_enabled = gc.isenabled()
