@@ -138,3 +138,19 @@ def test_bare_actions_take_the_budget_like_the_executor() -> None:
     bare = simulate(pb, sched.actions, memory_budget=sched.memory_budget)
     assert bare.evaluation == simulate(pb, sched).evaluation
     assert bare.timeline is not None and max(bare.evaluation.peak_memory) <= 0.9 * LIMIT + 1e-6
+
+
+def test_executor_waits_follow_the_budget() -> None:
+    """The executor's check (``validate_for_execution``) returns the waits of the budgeted
+    timeline: the ones the schedule was solved with, not the real limit's."""
+    from optpipe_lightning.strategy.runtime.engine import validate_for_execution
+    from optpipe_lightning.strategy.runtime.offload import execution_waits
+
+    pb = _problem()
+    sched = _solve(pb, memory_margin=0.1)
+    budgeted = simulate(pb, sched).timeline
+    bare = simulate(pb, sched.actions).timeline
+    assert budgeted is not None and bare is not None
+    waits = validate_for_execution(pb, sched)
+    assert waits == execution_waits(budgeted)
+    assert waits != execution_waits(bare)  # at the real limit the same actions wait less
