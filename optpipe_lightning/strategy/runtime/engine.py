@@ -59,7 +59,8 @@ def validate_for_execution(
             f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
             f"the pipeline has {problem.num_stages}"
         )
-    res = simulate(problem, schedule.actions)
+    # a schedule solved with a memory margin carries its budget: the waits keep to it
+    res = simulate(problem, schedule.actions, memory_budget=schedule.memory_budget)
     if not res.feasible:
         reasons = "; ".join(v.message for v in res.evaluation.violations[:3])
         raise ScheduleRejectedError(
