@@ -21,8 +21,11 @@ checked against it on the same problem: the same member (g, k, lazy rule) must g
 orders and makespan, and our whole family sweep must be no slower.
 
 Per problem: every row's makespan and idle time (``p * makespan - work``), the best baseline,
-the solver, the peer and the idle-time ratio optpipe / peer; then the median ratio. Markdown
-and JSON go to ``--out-dir`` (default ``out/bench_peer``).
+the solver, the peer and the idle-time ratio optpipe / peer; then the median ratio. Then issue
+32's measure against the best baseline of the same run (``against_best_baseline``): the bound, the
+room it leaves, whether optpipe improved, the idle ratio, and per time limit the count improved
+where the room exceeds 2% and the median idle ratio. Markdown and JSON go to ``--out-dir``
+(default ``out/bench_peer``).
 
     python benchmarks/bench_peer.py --peer-repo ../zero-bubble-pipeline-parallelism
     python benchmarks/bench_peer.py --problems 1,4 --time-limits 10      # a quick look
@@ -412,7 +415,7 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
                 cells.append(f"{ratio:.2f}")
             else:
                 cells.append("-")
-        opt0 = next((x for x in first if x["name"] == "optpipe"), {})
+        opt0: dict[str, Any] = next((x for x in first if x["name"] == "optpipe"), {})
         v_txt = str(opt0.get("num_chunks", r["chunks"]))  # compare's own choice, once it searches
         lines.append(
             f"| {r['name']} | {v_txt} | {r['copy_over_fbw']:.2f} | {bb_txt} | "
@@ -453,7 +456,69 @@ def summarize(results: list[dict[str, Any]], time_limits: list[float]) -> tuple[
             + ("-" if med is None else f"{med:.2f}")
             + f" over {len(vals)} problems"
         )
+    lines += against_best_baseline(results, time_limits, summary)
     return "\n".join(lines), summary
+
+
+ROOM = 0.02  # the issue-32 target counts problems where the bound leaves more than this room
+
+
+def against_best_baseline(
+    results: list[dict[str, Any]], time_limits: list[float], summary: dict[str, Any]
+) -> list[str]:
+    """Issue 32's measure: per problem and time limit, the lower bound, the best baseline of
+    that run, the ``optpipe`` row, the room the bound leaves ((best baseline - bound) / best
+    baseline), whether optpipe improved on the best baseline, and its idle time over the best
+    baseline's; then, per time limit, how many problems with more than ``ROOM`` room it improved
+    and the median idle ratio (targets: at least half, and at most 0.9). Adds them to
+    ``summary``; returns the markdown lines."""
+    lines = [
+        "\nAgainst the best baseline of the same run (issue 32):\n",
+        "| problem | time limit s | bound | best baseline | optpipe | room | improved | "
+        "idle optpipe/best baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for tl in time_limits:
+        key = f"{tl:g}"
+        improved = room_count = 0
+        idle_ratios: list[float] = []
+        for r in results:
+            doc = r["runs"][key]
+            rows = doc["schedules"]
+            bound = doc["problem"]["lower_bound"]
+            base = [x for x in rows if x["name"] != "optpipe" and x["feasible"]]
+            bb = min(base, key=lambda x: x["makespan"], default=None)
+            opt = next((x for x in rows if x["name"] == "optpipe" and x["feasible"]), None)
+            if bb is None or opt is None:
+                shown = "-" if opt is None else f"{opt['makespan']:.3f}"
+                lines.append(f"| {r['name']} | {key} | {bound:.3f} | - | {shown} | - | - | - |")
+                continue
+            room = (bb["makespan"] - bound) / bb["makespan"]
+            better = opt["makespan"] < bb["makespan"] * (1 - 1e-6)
+            ratio = opt["idle"] / bb["idle"] if bb["idle"] > 0 else 1.0
+            idle_ratios.append(ratio)
+            if room > ROOM:
+                room_count += 1
+                improved += better
+            lines.append(
+                f"| {r['name']} | {key} | {bound:.3f} | {bb['name']} {bb['makespan']:.3f} | "
+                f"{opt['makespan']:.3f} | {room:.1%} | {'yes' if better else 'no'} | "
+                f"{ratio:.3f} |"
+            )
+        med = statistics.median(idle_ratios) if idle_ratios else None
+        summary.setdefault(key, {}).update(
+            {
+                "problems_with_room": room_count,
+                "improved_where_room": improved,
+                "median_idle_ratio_vs_best_baseline": med,
+            }
+        )
+        lines.append(
+            f"\n{key} s: optpipe improves on the best baseline on {improved} of {room_count} "
+            f"problems where the bound leaves more than {ROOM:.0%} room; median idle "
+            "optpipe/best baseline " + ("-" if med is None else f"{med:.3f}")
+        )
+    return lines
 
 
 def write_fixture(mods: dict[str, types.ModuleType], path: Path) -> None:

@@ -81,7 +81,8 @@ def test_offload_frees_and_reload_allocates() -> None:
         memory_limit=1.0,
         offload={"bytes": 1.0, "d2h_bandwidth": 2.0, "h2d_bandwidth": 2.0},
     )
-    # F0 F1 would hold 2; offload mb 0 first: it ends at t=1.5, F1 ends at 2.
+    # F0 F1 would hold 2; offload mb 0 first: its copy ends at t=1.5, inside F1 (1..2) if F1 ran
+    # at once: its bytes leave only at its settle point, so F1 waits and starts at 1.5 (2.5 end).
     rows = [
         [
             Action("F", 0),
@@ -96,8 +97,9 @@ def test_offload_frees_and_reload_allocates() -> None:
     assert r.evaluation.feasible, r.evaluation.violations
     assert r.evaluation.num_offloaded == 1
     assert r.evaluation.peak_memory == [1.0]
-    # reload issued when BW1 ends (t=4), takes 0.5 s; BW0 waits for it
-    assert r.evaluation.makespan == pytest.approx(6.5)
+    assert r.timeline is not None and r.timeline.memory_waits == [[(2, 1)]]
+    # reload issued when BW1 ends (t=4.5), takes 0.5 s; BW0 waits for it
+    assert r.evaluation.makespan == pytest.approx(7.0)
 
 
 def test_reload_after_its_backward_is_caught() -> None:

@@ -148,8 +148,9 @@ def test_each_lane_runs_one_transfer_at_a_time_in_list_order(pb: Problem, seed: 
 
 
 def test_a_reload_waits_for_the_offload_that_frees_its_room() -> None:
-    """One stage, room for two activations. F2 fills it at 3; reload 0, issued then, would hold a
-    third: it waits for offload 1 (3..5), on its own lane, not behind it."""
+    """One stage, room for two activations. F2 would fill it at 3 with offload 0's copy just
+    ended: it starts at 3 (the offload's settle point). Reload 0, issued at 4, would hold a
+    third: it waits for offload 1 (4..6), on its own lane, not behind it."""
     pb = _problem(True).with_changes(num_microbatches=3)
     rows = [
         [
@@ -160,16 +161,19 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room() -> None:
     res = simulate(pb, rows)
     assert res.feasible, res.evaluation.violations
     t = _times(res)
-    # F0 0..1, OFF0 1..3, F1 1..2 (2 bytes at 2), F2 2..3 (fits: OFF0 frees at 3); OFF1 3..5
-    assert t[Action(OFF, 0)] == (1.0, 3.0) and t[Action(F, 2)] == (2.0, 3.0)
-    assert t[Action(OFF, 1)] == (3.0, 5.0)
-    assert t[Action(REL, 0)] == (5.0, 7.0)  # ready at 3 (F2's end), room at 5
+    # F0 0..1, OFF0 1..3, F1 1..2 (2 bytes at 2), F2 3..4 (settles OFF0); OFF1 4..6
+    assert t[Action(OFF, 0)] == (1.0, 3.0) and t[Action(F, 2)] == (3.0, 4.0)
+    assert t[Action(OFF, 1)] == (4.0, 6.0)
+    assert t[Action(REL, 0)] == (6.0, 8.0)  # ready at 4 (F2's end), room at 6 (it settles OFF1)
     assert res.timeline.reload_waits == [[(5, 4)]]  # REL0 (position 5) waits for OFF1 (4)
-    assert res.timeline.memory_waits == [[]]  # no forward waits
-    # one lane: the reload queues behind offload 1 anyway, no wait to name
+    assert res.timeline.memory_waits == [[(3, 1)]]  # F2 waits for OFF0
+    # one lane: F2 waits the same way (ending at 3 it would allocate while offload 0's copy
+    # is still held: its settle point, BW2, comes after), and the reload queues behind
+    # offload 1 anyway, no reload wait to name
     half = simulate(_problem(False).with_changes(num_microbatches=3), rows)
-    assert _times(half)[Action(REL, 0)] == (5.0, 7.0)
-    assert half.timeline.memory_waits == [[]] and half.timeline.reload_waits == [[]]
+    assert half.feasible
+    assert _times(half)[Action(REL, 0)] == (6.0, 8.0)
+    assert half.timeline.memory_waits == [[(3, 1)]] and half.timeline.reload_waits == [[]]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,8 +1,10 @@
 """The simulator's memory wait: an F that would not fit waits for its stage's earlier offloads.
 
 Rule (docs/formats.md): an F whose allocation would exceed the limit when it ends is delayed so
-that it ends exactly when the earliest of its stage's OFFLOADs listed before it that makes it fit
-ends; if none does, it runs as early as its list position allows and the violation is reported.
+that it starts exactly when the earliest of its stage's OFFLOADs listed before it that makes it
+fit ends (the F is then that offload's settle point: an offload's bytes leave at the start of the
+first compute action of its stage that starts at or after its copy ends); if none does, it runs
+as early as its list position allows and the violation is reported.
 """
 
 from __future__ import annotations
@@ -69,13 +71,14 @@ def test_f_waits_for_the_offload_that_frees_its_memory() -> None:
     res = simulate(pb, rows)
     assert res.feasible, res.evaluation.violations
     t = _times(res)
-    # offload 0 runs 1..4; F1 would end at 2 holding 2 bytes, so it ends when the copy ends
+    # offload 0 runs 1..4; F1 would end at 2 holding 2 bytes, so it starts when the copy ends
+    # (its start is the offload's settle point: the bytes leave there)
     assert t[Action(OFF, 0)] == (1.0, 4.0)
-    assert t[Action(F, 1)] == (3.0, 4.0)
-    assert t[Action(BW, 1)] == (4.0, 6.0)
+    assert t[Action(F, 1)] == (4.0, 5.0)
+    assert t[Action(BW, 1)] == (5.0, 7.0)
     # the reload is issued when BW1 ends and B0 waits for it
-    assert t[Action(REL, 0)] == (6.0, 9.0)
-    assert t[Action(BW, 0)] == (9.0, 11.0)
+    assert t[Action(REL, 0)] == (7.0, 10.0)
+    assert t[Action(BW, 0)] == (10.0, 12.0)
     assert res.evaluation.peak_memory == [pytest.approx(1.0)]
 
 
@@ -123,14 +126,15 @@ def test_the_earliest_offload_that_suffices_is_the_one_waited_for() -> None:
     assert t[Action(OFF, 0)] == (1.0, 4.0)
     assert t[Action(F, 1)] == (1.0, 2.0)  # fits: 2 bytes at t=2
     assert t[Action(OFF, 1)] == (4.0, 7.0)  # issued at 2, the channel is busy until 4
-    assert t[Action(F, 2)] == (3.0, 4.0)  # waits for offload 0 (ends 4), not offload 1 (7)
+    assert t[Action(F, 2)] == (4.0, 5.0)  # waits for offload 0 (ends 4), not offload 1 (7)
     assert res.evaluation.peak_memory == [pytest.approx(2.0)]
 
 
 @pytest.mark.parametrize("duplex", [False, True])
 def test_an_earlier_reload_can_make_the_f_wait_for_a_later_offload(duplex: bool) -> None:
-    # reload 0 takes back at t=5 the byte offload 0 frees at t=5, so F3 waits for offload 1.
-    # One lane: offload 1 queues behind reload 0 (7..9). Duplex: it runs beside it (5..7)
+    # reload 0 takes back at t=5 the byte offload 0 frees at t=5 (the reload settles it), so F3
+    # waits for offload 1. One lane: offload 1 queues behind reload 0 (7..9). Duplex: it runs
+    # beside it (5..7). F3 starts when that copy ends (its settle point)
     pb = _one_stage(limit=3.0, copy=2.0, num_microbatches=4, duplex=duplex)
     rows = [
         [
@@ -155,10 +159,10 @@ def test_an_earlier_reload_can_make_the_f_wait_for_a_later_offload(duplex: bool)
     assert t[Action(REL, 0)] == (5.0, 7.0)
     if duplex:
         assert t[Action(OFF, 1)] == (5.0, 7.0)
-        assert t[Action(F, 3)] == (6.0, 7.0)
+        assert t[Action(F, 3)] == (7.0, 8.0)
     else:
         assert t[Action(OFF, 1)] == (7.0, 9.0)
-        assert t[Action(F, 3)] == (8.0, 9.0)
+        assert t[Action(F, 3)] == (9.0, 10.0)
     assert res.evaluation.peak_memory == [pytest.approx(3.0)]
 
 
@@ -211,9 +215,9 @@ def test_waits_on_a_shared_channel_are_timed_consistently() -> None:
     t0, t1 = _times(res, 0), _times(res, 1)
     assert t0[Action(OFF, 0)] == (1.0, 3.0)
     assert t1[Action(OFF, 0)] == (3.0, 5.0)  # queued behind stage 0's copy
-    assert t1[Action(F, 1)] == (4.0, 5.0)  # ready at 3, ends with stage 1's offload
-    assert t0[Action(F, 1)] == (2.0, 3.0)
-    assert t0[Action(F, 2)] == (6.0, 7.0)  # ends with offload 1 (5..7)
+    assert t1[Action(F, 1)] == (5.0, 6.0)  # ready at 3, starts when stage 1's offload ends
+    assert t0[Action(F, 1)] == (3.0, 4.0)  # starts when offload 0 (1..3) ends
+    assert t0[Action(F, 2)] == (7.0, 8.0)  # starts when offload 1 ends
     _check_waits(pb, res)
 
 
@@ -244,8 +248,8 @@ def _ready_times(pb: Problem, res: Any) -> dict[tuple[int, int], float]:
 
 
 def _check_waits(pb: Problem, res: Any) -> None:
-    """Every F starts when it is ready, or ends exactly when an earlier offload of its stage
-    ends (and then it would not have fitted when ready)."""
+    """Every F starts when it is ready, or exactly when an earlier offload of its stage ends
+    (and then it would not have fitted when ready)."""
     tl = res.timeline
     ready = _ready_times(pb, res)
     for (s, i), r in ready.items():
@@ -254,12 +258,12 @@ def _check_waits(pb: Problem, res: Any) -> None:
             continue
         assert st_ > r
         offload_ends = [float(tl.end[s][k]) for k in range(i) if tl.actions[s][k].op == OFF]
-        assert any(en == pytest.approx(x, abs=1e-9) for x in offload_ends), (s, i, r, st_)
+        assert any(st_ == pytest.approx(x, abs=1e-9) for x in offload_ends), (s, i, r, st_, en)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pb=problems(offload=True, limit=True), seed=st.integers(0, 10**6))
-def test_every_f_starts_when_ready_or_ends_with_an_earlier_offload(pb: Problem, seed: int) -> None:
+def test_every_f_starts_when_ready_or_when_an_earlier_offload_ends(pb: Problem, seed: int) -> None:
     rows = random_valid_actions(pb, seed)
     res = simulate(pb, rows)
     if res.timeline is None:

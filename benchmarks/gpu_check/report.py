@@ -182,6 +182,12 @@ def markdown(d: dict[str, Any]) -> str:
             f"| stage time (s) | {_f(pr.get('stage_time_s'))} | {_f(ms.get('stage_time_s'))} | "
             f"{_f(ms.get('time_over_predicted'))} |"
         )
+        if "settle_wait_s" in ms:
+            lines.append(
+                f"| compute waiting at settle points (s per step) | 0 | "
+                f"{_f(ms.get('settle_wait_s'))} | "
+                f"{_f(ms.get('settle_wait_share_of_step'))} of the step |"
+            )
         peak = ms.get("activation_peak_bytes")
         got = "n/a" if peak is None else f"{peak / 1e6:.4g}"
         lines.append(

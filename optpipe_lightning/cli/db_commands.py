@@ -1,4 +1,4 @@
-"""``optpipe db``: list, show, export, import and prune the profiles database.
+"""``optpipe db``: list, show, export, import, delete and prune the profiles database.
 
 Every command takes ``--db URL`` (default: ``$OPTPIPE_DB_URL``, else the SQLite file under
 ``$XDG_DATA_HOME/optpipe/``). Errors print one line on stderr and exit with code 2.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..profiles_db.errors import DatabaseError
-from .command_errors import OneLineErrors
+from .command_errors import OneLineErrors, one_line
 from .command_errors import fail as _fail
 
 if TYPE_CHECKING:  # SQLAlchemy and the models load when a command runs: --help stays fast
@@ -200,6 +200,12 @@ def show(
             rid = _int_id(ident, "solver run")
             run = repo.get_solver_run(s, rid)
             doc = run.to_dict() | {"events": [e.to_dict() for e in repo.solver_events(s, rid)]}
+            if run.schedule_id is not None:  # also a run killed before it ended: its incumbent
+                doc["best_schedule"] = f"optpipe db show schedule {run.schedule_id} > best.json" + (
+                    f" (the best incumbent of a run {run.status})"
+                    if run.status in ("running", "interrupted", "failed")
+                    else ""
+                )
         else:
             rid = _int_id(ident, "training run")
             runs = [r for r in repo.list_training_runs(s) if r.id == rid]
@@ -225,8 +231,13 @@ def export(
     """Write profiles, problems and schedules to one JSON file (to move them between machines)."""
     from ..profiles_db.transfer import export_document
 
+    skipped: list[str] = []  # rows that do not read: everything else is exported
     with _open(db, read_only=True) as database, database.session() as s:
-        doc = export_document(s, profiles=profiles, schedules=schedules, problem_hash=problem)
+        doc = export_document(
+            s, profiles=profiles, schedules=schedules, problem_hash=problem, skipped=skipped
+        )
+    for what in skipped:
+        typer.echo(f"optpipe: warning: skipped {one_line(what)}", err=True)
     text = doc.model_dump_json(indent=1)
     if str(out) == "-":
         sys.stdout.write(text + "\n")
@@ -237,7 +248,13 @@ def export(
         _fail(f"cannot write {out}: {e.strerror}")
     typer.echo(
         f"exported {len(doc.problems)} problems, {len(doc.schedules)} schedules, "
-        f"{len(doc.profiles)} profiles to {out}",
+        f"{len(doc.profiles)} profiles to {out}"
+        + (
+            f"; skipped {len(skipped)} row(s) that do not read (listed above; "
+            "`optpipe db delete` removes them)"
+            if skipped
+            else ""
+        ),
         err=True,
     )
 
@@ -340,6 +357,39 @@ def _import_schedule(src: Path, data: dict[str, Any], db: str | None) -> None:
         f"{state}: schedule {sid} ({schedule.generator}) of problem {schedule.problem_hash}",
         err=True,
     )
+
+
+@app.command()
+def delete(
+    what: Annotated[ShowWhat, typer.Argument(help="Kind of row.")],
+    ident: Annotated[str, typer.Argument(metavar="ID", help="Problem hash or row id.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Delete one row by id with its dependants (a problem: its schedules and solver runs; a
+    run: its events or steps). Damaged rows too: nothing of the row is read."""
+    from ..profiles_db.delete import delete_plan, delete_rows
+    from ..profiles_db.errors import NotFoundError
+
+    key: str | int = ident if what is ShowWhat.problem else _int_id(ident, what.value)
+    with _open(db, read_only=False) as database:
+        try:
+            with database.session() as s:
+                plan = delete_plan(s, what.value, key)
+        except NotFoundError as e:
+            _fail(str(e))
+        said = ", ".join(f"{n} {k}" for k, n in plan.items() if n)
+        if not yes:
+            try:
+                ok = typer.confirm(f"delete {what.value} {ident}: {said}?", default=False)
+            except typer.Abort:
+                _fail(f"not confirmed: pass --yes to delete {what.value} {ident} without asking")
+            if not ok:
+                typer.echo("nothing deleted", err=True)
+                raise typer.Exit(1)
+        with database.session() as s:
+            done = delete_rows(s, what.value, key)
+    typer.echo(f"deleted {', '.join(f'{n} {k}' for k, n in done.items() if n)}")
 
 
 @app.command()

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the schedule model loads when a command runs, not for --hel
     from ..schedule import Problem, Schedule
 
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a note is one line, never wrapped
 
 
 @contextmanager
@@ -104,7 +104,13 @@ def problem_summary(problem: Problem, bound: float) -> dict[str, Any]:
     }
 
 
-def print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str, str]) -> None:
+def print_table(
+    problem: Problem,
+    rows: list[dict[str, Any]],
+    skipped: dict[str, str],
+    interrupted: str | None = None,
+) -> None:
+    """The rows as a table; ``interrupted`` (the signal's name) marks a run cut short."""
     chunked = problem.layers() is not None
     title = (
         f"problem {problem.hash}: p={problem.num_stages} m={problem.num_microbatches} "
@@ -112,6 +118,8 @@ def print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str,
     )
     if problem.name:
         out.print(f"[dim]{problem.name}[/]", highlight=False)
+    if interrupted:
+        title += f" (interrupted by {interrupted})"
     table = Table(title=title, title_justify="left")
     for col, justify in (
         ("schedule", "left"),
@@ -151,3 +159,5 @@ def print_table(problem: Problem, rows: list[dict[str, Any]], skipped: dict[str,
     out.print(table)
     for name, reason in skipped.items():
         out.print(f"[dim]{name}: not applicable: {reason}[/]")
+    if interrupted:
+        out.print(f"interrupted by {interrupted}: the rows are the best found before it")

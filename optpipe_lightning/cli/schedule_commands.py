@@ -16,6 +16,7 @@ import typer
 from .arguments import check_out_path, check_solver_options, write_output
 from .errors import UserError
 from .inputs import MarginOpt, ProblemArg, load_problem, load_schedule, user_errors, with_margin
+from .interrupt import exit_interrupted, last_signal, terminate_as_interrupt
 from .output import (
     err,
     fmt_time,
@@ -96,9 +97,11 @@ def compare(
                 budget = CompareBudget(problem, time_limit, solving=not no_solve, started=started)
             try:
                 bound = _least_bound(problem)
-                rows, skipped, candidates, chosen = _compare_baselines(
-                    problem, budget, bound, say, started
-                )
+                with terminate_as_interrupt():  # Ctrl-C or SIGTERM: the rows so far, exit 130
+                    rows, skipped, candidates, chosen = _compare_baselines(
+                        problem, budget, bound, say, started
+                    )
+                interrupted = "interrupted" in skipped.values()
                 if record is not None:
                     for row in rows:
                         record.store(row["name"], chosen[row["name"]], "baseline")
@@ -106,39 +109,53 @@ def compare(
                 if record is not None:
                     record.end("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
                 raise
-        if not no_solve:
-            result = run_solver(
-                problem,
-                solver,
-                budget.solver_seconds(),
-                seed,
-                quiet=as_json,
-                record=record,
-                candidates=candidates,
-                finish=False,
-            )
-            rows.append(
-                schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds)
-            )
+        status = "baselines"
+        if not no_solve and not interrupted:
+            try:
+                with terminate_as_interrupt():
+                    result = run_solver(
+                        problem,
+                        solver,
+                        budget.solver_seconds(),
+                        seed,
+                        quiet=as_json,
+                        record=record,
+                        candidates=candidates,
+                        finish=False,
+                    )
+            except KeyboardInterrupt:  # nothing beyond the baselines found yet (run ended)
+                interrupted, record = True, None
+            else:
+                status = result.status
+                interrupted = status == "interrupted"
+                rows.append(
+                    schedule_row(
+                        "optpipe", result.schedule, result.lower_bound, result.solve_seconds
+                    )
+                )
         if record is not None:
             from .records import best_row
 
             best = best_row(rows)
             record.finish(
-                result.status if not no_solve else "baselines",
+                "interrupted" if interrupted else status,
                 None if best is None else best["makespan"],
                 bound,
                 None if best is None else record.schedule_ids.get(best["name"]),
             )
         if as_json:
-            doc = {
+            doc: dict[str, Any] = {
                 "problem": problem_summary(problem, bound),
                 "schedules": rows,
                 "not_applicable": [{"name": k, "reason": v} for k, v in skipped.items()],
             }
+            if interrupted:
+                doc["interrupted"] = last_signal() or True
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            print_table(problem, rows, skipped)
+            print_table(problem, rows, skipped, last_signal() if interrupted else None)
+        if interrupted:
+            exit_interrupted()
 
 
 def _start_record(
@@ -159,7 +176,9 @@ def _compare_baselines(
     started: float,
 ) -> tuple[list[dict[str, Any]], dict[str, str], list[Schedule], dict[str, Schedule]]:
     """Every applicable baseline within its share of the time: the rows, the reasons of those
-    skipped, every schedule made (the solver's candidates) and each row's schedule."""
+    skipped, every schedule made (the solver's candidates) and each row's schedule. After
+    Ctrl-C or SIGTERM (a ``KeyboardInterrupt``) the baselines not finished are skipped as
+    ``"interrupted"``."""
     from ..schedule.baselines import (
         BASELINE_NAMES,
         NotApplicable,
@@ -167,34 +186,44 @@ def _compare_baselines(
         generate_chunked,
     )
     from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
+    from ..solver.candidates import STRONGEST_BASELINES, baseline_order
 
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
     chosen: dict[str, Schedule] = {}
-    for k, name in enumerate(BASELINE_NAMES, 1):
-        if time.perf_counter() > budget.baselines_until:  # none starts after its share
+    made_by: dict[str, list[Schedule]] = {}
+    interrupted = False  # (``terminate_as_interrupt`` makes SIGTERM a KeyboardInterrupt too)
+    order = baseline_order(problem)  # under a memory limit the strongest come early
+    for k, name in enumerate(order, 1):
+        if interrupted:
+            skipped[name] = "interrupted"
+            continue
+        until = budget.strongest_until if name in STRONGEST_BASELINES else budget.baselines_until
+        if time.perf_counter() > until:  # none starts after its share
             skipped[name] = budget.stopped
             continue
-        say(
-            f"compare: baseline {name} ({k}/{len(BASELINE_NAMES)}, "
-            f"{time.perf_counter() - started:.1f} s)"
-        )
+        say(f"compare: baseline {name} ({k}/{len(order)}, {time.perf_counter() - started:.1f} s)")
         try:
-            with deadline_at(budget.baselines_until):
-                made = generate_chunked(name, problem)
+            with deadline_at(until):
+                made_by[name] = generate_chunked(name, problem)
+        except KeyboardInterrupt:
+            interrupted = True
+            skipped[name] = "interrupted"
+            continue
         except NotApplicable as e:
             skipped[name] = str(e)
-            continue
         except DeadlineExceeded:
             skipped[name] = budget.stopped
-            continue
         except (ImportError, AttributeError):
             skipped[name] = "not available in this build"
-            continue
-        candidates += made
-        chosen[name] = best_schedule(made)
-        rows.append(schedule_row(name, chosen[name], bound))
+    # rows (and reasons) in the usual order, whatever order they were computed in
+    skipped = {n: skipped[n] for n in BASELINE_NAMES if n in skipped}
+    for name in BASELINE_NAMES:
+        if name in made_by:
+            candidates += made_by[name]
+            chosen[name] = best_schedule(made_by[name])
+            rows.append(schedule_row(name, chosen[name], bound))
     return rows, skipped, candidates, chosen
 
 
@@ -229,6 +258,7 @@ def solve(
             db, problem, solver, {"time_limit": time_limit, "seed": seed, "gap": gap}
         )
         result = run_solver(problem, solver, left, seed, quiet=as_json, record=record, gap=gap)
+        interrupted = result.status == "interrupted"  # by a signal: the best found, exit 130
         if out_path is not None:
             write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
@@ -251,6 +281,8 @@ def solve(
                 f"solved in {fmt_time(result.solve_seconds)}"
                 + (f" -> {out_path}" if out_path else "")
             )
+        if interrupted:
+            exit_interrupted()
 
 
 def baseline(
@@ -268,6 +300,7 @@ def baseline(
     ] = None,
 ) -> None:
     """Export one baseline's schedule (evaluated, problem embedded) as a schedule file."""
+    started = time.perf_counter()  # the limit counts from here, reading the problem included
     with user_errors():
         problem = load_problem(problem_path)
         check_size(problem, "baseline")
@@ -277,7 +310,9 @@ def baseline(
 
         if name not in BASELINE_NAMES:
             raise UserError(f"unknown baseline {name!r}; one of {', '.join(BASELINE_NAMES)}")
-        budget = CompareBudget(problem, time_limit, solving=False)
+        budget = CompareBudget(
+            problem, time_limit, solving=False, started=started, command="baseline"
+        )
         params = {"command": "baseline", "baseline": name, "time_limit": time_limit}
         record = _start_record(db, problem, "baselines", params)
         try:

@@ -57,6 +57,9 @@ stopped at the deadline finishes its current step first (PipeOffload's bisection
 1.8 s at 64 x 1024 x 1, V-Min's squeeze 2.8 s at 64 x 512 x 2 on a busy machine), then one
 simulation and the output. The solver is given the command's limit less this
 (``wind_down_reserve``: 1.3 s at the largest size, 0.66 s at 16,384 units)."""
+STRONGEST_SHARE: Final = 0.7
+"""The share of ``compare``'s limit until which its strongest baselines may run (the others stop
+at half)."""
 MAX_TIME_LIMIT: Final = 7 * 86400.0
 """The largest ``--time-limit`` (a week)."""
 
@@ -138,15 +141,21 @@ def check_trace_size(problem: Problem) -> None:
 
 
 class CompareBudget:
-    """How ``compare`` spends its ``--time-limit``: baselines until half of it (all of it with
-    ``--no-solve``; one still running then is stopped and listed as not finished), the solver
-    the rest, less ``wind_down_reserve``. Checks the size and the limit first; ``started``
-    (default: now) is when the command started."""
+    """How ``compare`` spends its ``--time-limit``: baselines until half of it, the strongest
+    (run first) until ``STRONGEST_SHARE`` (all of it with ``--no-solve``; one still running then
+    is stopped and listed as not finished), the solver the rest, less ``wind_down_reserve``.
+    Checks the size (for ``command``: ``baseline`` takes larger problems) and the limit first;
+    ``started`` (default: now) is when the command started."""
 
     def __init__(
-        self, problem: Problem, time_limit: float, solving: bool, started: float | None = None
+        self,
+        problem: Problem,
+        time_limit: float,
+        solving: bool,
+        started: float | None = None,
+        command: str = "compare",
     ) -> None:
-        check_size(problem, "compare")
+        check_size(problem, command)  # ``baseline`` takes larger problems than ``compare``
         self.problem = problem
         if solving:
             check_time_limit(problem, time_limit, "compare")
@@ -155,8 +164,13 @@ class CompareBudget:
         self.start = time.perf_counter() if started is None else started
         self.time_limit = time_limit
         self.baselines_until = self.start + (0.5 if solving else 1.0) * time_limit
+        # the strongest baselines (``solver.candidates.STRONGEST_BASELINES``) run first and may
+        # go on until STRONGEST_SHARE: on a busy machine they are worth more than the solver's
+        # extra time (its first schedule still fits in the rest: the limit is at least twice
+        # what ``solve`` needs)
+        self.strongest_until = self.start + (STRONGEST_SHARE if solving else 1.0) * time_limit
         self.stopped = (
-            f"not finished within {'half ' if solving else ''}the time limit "
+            f"not finished within {'its share of ' if solving else ''}the time limit "
             f"({time_limit:g} s); raise --time-limit"
         )  # (also for one not started: the time was spent before its turn)
 

@@ -542,6 +542,42 @@ def profile_chart(profile: pd.DataFrame, *, unit: str = "ms", title: str | None 
     return chart
 
 
+def op_memory_chart(op_memory: pd.DataFrame, *, unit: str = "GB") -> AnyChart:
+    """Bytes each op leaves allocated per stage (``frames.op_memory_frame``, its byte columns in
+    ``unit``): the profiler's measurement beside the rule, where the profile has one."""
+    long = op_memory.melt(
+        id_vars=["stage", "chunk", "op"],
+        value_vars=["measured", "rule"],
+        var_name="source",
+        value_name="value",
+    ).dropna(subset=["value"])
+    return (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            x=alt.X("op:N", title=None, sort=["F", "B", "W", "BW"]),
+            xOffset=alt.XOffset("source:N", sort=["measured", "rule"]),
+            y=alt.Y("value:Q", title=f"bytes left allocated ({unit})"),
+            color=alt.Color(
+                "source:N",
+                title=None,
+                scale=alt.Scale(domain=["measured", "rule"], range=["#4C78A8", "#A0A0A0"]),
+                legend=alt.Legend(orient="top"),
+            ),
+            column=alt.Column("stage:O", header=alt.Header(labelExpr="'stage ' + datum.value")),
+            row=alt.Row("chunk:O", header=alt.Header(labelExpr="'chunk ' + datum.value")),
+            tooltip=[
+                "stage:O",
+                "chunk:O",
+                "op:N",
+                "source:N",
+                alt.Tooltip("value:Q", title=unit, format=".3f"),
+            ],
+        )
+        .properties(width=110, height=150)
+    )
+
+
 def activation_chart(activations: pd.DataFrame, *, unit: str = "GB") -> AnyChart:
     """Activation bytes per stage: total, the part only W frees, the part an offload moves."""
     return (

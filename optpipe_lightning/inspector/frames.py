@@ -378,6 +378,42 @@ def activation_frame(stages: Iterable[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["stage", "chunk", "what", "bytes"])
 
 
+def op_memory_frame(stages: Iterable[Any]) -> pd.DataFrame:
+    """Per (stage, chunk, op): the bytes the op leaves allocated by the rule (``activation_bytes``
+    and ``weight_grad_bytes``: F leaves the activation, B frees all but the weight-grad part, W
+    the rest) and as the profiler's allocator watch measured it (``StageProfile.memory``, GPU
+    profiles; NaN where the profile has none), plus the measured transient (workspace above both
+    ends of the op). ``used`` is what the problem takes (``memory_changes``)."""
+    rows = []
+    for sp in stages:
+        act, wg = float(sp.activation_bytes), float(sp.weight_grad_bytes)
+        rule = {"F": act, "B": -(act - wg), "W": -wg}
+        mem = sp.memory
+        used = dict(zip(("F", "B", "W"), (float(x) for x in sp.memory_changes()), strict=True))
+        measured: dict[str, float] = (
+            {"F": float(mem.f), "B": float(mem.b), "W": float(mem.w)} if mem is not None else {}
+        )
+        if mem is not None and mem.bw is not None:
+            measured["BW"] = float(mem.bw)
+        for op in ("F", "B", "W", "BW"):
+            if op == "BW" and "BW" not in measured:
+                continue
+            rows.append(
+                {
+                    "stage": int(sp.stage),
+                    "chunk": int(sp.chunk),
+                    "op": op,
+                    "rule": rule["B"] + rule["W"] if op == "BW" else rule[op],
+                    "measured": measured.get(op, float("nan")),
+                    "used": used["B"] + used["W"] if op == "BW" else used[op],
+                    "transient": float(mem.transient) if mem is not None else float("nan"),
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["stage", "chunk", "op", "rule", "measured", "used", "transient"]
+    )
+
+
 def time_window(timeline: pd.DataFrame, lo: float, hi: float) -> pd.DataFrame:
     """The bars that overlap ``[lo, hi]`` (clipped to it), for schedules too large to draw
     whole."""

@@ -11,7 +11,12 @@ Lookup rules for reusing a profile (``find_profile``):
    microbatch size, sequence length or partition a different model key: no reuse.
 3. Of several profiles for one key, the newest ``measured_at`` wins (a profile without
    ``measured_at`` counts as measured when stored), so storing a newer profile refreshes it;
-   the older ones stay until ``prune``.
+   the older ones stay until ``prune``. A stored profile cannot shadow a local measurement:
+   one dated in the future (past ``FUTURE_SKEW_SECONDS``: another machine's clock, a hand-edited
+   date) is skipped with a logged warning, and one measured on another host (its hardware
+   fingerprint's ``hostname``) comes after every one measured on this host, whatever their
+   dates. ``store_profile`` refuses a ``measured_at`` in the future (``db import`` too). The
+   strategy re-profiles when its calibration finds a stored profile off by more than 20%.
 4. With ``max_age_seconds``, a newest profile older than that is stale: ``None`` is returned
    (measure again and store the new profile, which then refreshes the key).
 5. A stored profile that cannot serve the model it claims (``validation.profile_defect``: a
@@ -21,8 +26,9 @@ Lookup rules for reusing a profile (``find_profile``):
 
 from __future__ import annotations
 
+import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -39,6 +45,9 @@ from .validation import profile_defect
 __all__ = ["find_profile", "get_profile", "list_profiles", "store_profile"]
 
 log = logging.getLogger("optpipe_lightning.profiles_db")
+
+# a measured_at this far ahead of this machine's clock is "in the future" (clock skew beyond)
+FUTURE_SKEW_SECONDS = 300.0
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -57,6 +66,16 @@ def _measured_at(profile: Profile) -> datetime:
         ) from None
 
 
+def _host_of(rec: ProfileRecord) -> str | None:
+    """The hostname the profile was measured on (from its row's JSON; None if it does not
+    read: the lookup then skips the row anyway)."""
+    try:
+        hw = json.loads(rec.data).get("hardware")
+        return hw.get("hostname") if isinstance(hw, dict) else None
+    except (ValueError, AttributeError):
+        return None
+
+
 def store_profile(s: Session, profile: Profile) -> int:
     """Store a measured profile (upserting its fingerprints); the same profile again: same id.
 
@@ -67,6 +86,11 @@ def store_profile(s: Session, profile: Profile) -> int:
     if defect is not None:
         raise ValueError(f"profile of model {profile.model.name!r}: {defect}")
     measured = _measured_at(profile)
+    if measured > utcnow() + timedelta(seconds=FUTURE_SKEW_SECONDS):
+        raise ValueError(
+            f"profile of model {profile.model.name!r}: measured_at {profile.measured_at} is in "
+            "the future (a wrong clock?); a future date would shadow every later measurement"
+        )
     data = profile.model_dump_json()
     digest = sha256_hex(data)
     existing = s.scalars(select(ProfileRecord.id).where(ProfileRecord.digest == digest)).first()
@@ -104,7 +128,19 @@ def find_profile(
         .where(HardwareRecord.key == hardware.key, ModelRecord.key == model.key)
         .order_by(ProfileRecord.measured_at.desc(), ProfileRecord.id.desc())
     )
-    for rec in s.scalars(q):
+    now = utcnow()
+    later = now + timedelta(seconds=FUTURE_SKEW_SECONDS)
+    recs = list(s.scalars(q))  # newest first; this host's before other hosts'
+    recs.sort(key=lambda r: _host_of(r) != hardware.hostname)
+    for rec in recs:
+        if _to_utc(rec.measured_at) > later:
+            log.warning(
+                "optpipe: skipping stored profile %d: dated %s, in the future (another "
+                "machine's clock?); measure again",
+                rec.id,
+                _to_utc(rec.measured_at).isoformat(),
+            )
+            continue
         if max_age_seconds is not None:
             age = (utcnow() - rec.measured_at).total_seconds()
             if age > max_age_seconds:

@@ -58,13 +58,18 @@ def finish_solver_run(
     lower_bound: float | None,
     schedule_id: int | None,
 ) -> None:
+    """Close a run. A None ``makespan``, ``lower_bound`` or ``schedule_id`` keeps what the run
+    recorded while it ran (its incumbents: ``recorder``, ``incumbents``), never erases it."""
     rec = s.get(SolverRunRecord, run_id)
     if rec is None:
         raise NotFoundError(f"no solver run with id {run_id} in the database")
     rec.status = status
-    rec.makespan = makespan
-    rec.lower_bound = lower_bound
-    rec.schedule_id = schedule_id
+    if makespan is not None:
+        rec.makespan = makespan
+    if lower_bound is not None:
+        rec.lower_bound = lower_bound
+    if schedule_id is not None:
+        rec.schedule_id = schedule_id
     rec.finished_at = utcnow()
 
 

@@ -21,9 +21,13 @@ from optpipe_lightning.schedule import Problem, Schedule
 from optpipe_lightning.schedule.profile import Profile
 
 from . import repository as repo
+from .errors import DatabaseError
 from .models import ProblemRecord, ProfileRecord, ScheduleRecord
 
 EXPORT_FORMAT = "optpipe.db-export/1"
+# what reading a damaged row raises: its JSON fails validation (DatabaseError) or does not parse
+# at all (a JSON column: ValueError), or a stored value is of the wrong type
+_UNREADABLE = (DatabaseError, ValueError, TypeError, KeyError)
 
 
 class ExportedSchedule(BaseModel):
@@ -57,8 +61,19 @@ def export_document(
     profiles: bool = True,
     schedules: bool = True,
     problem_hash: str | None = None,
+    skipped: list[str] | None = None,
 ) -> ExportDocument:
-    """Everything selected, in storage order (problems first, so an import can follow it)."""
+    """Everything selected, in storage order (problems first, so an import can follow it).
+
+    A row that does not read (damaged, or written by another tool) is left out and named in
+    ``skipped`` (``"schedule 12: ..."``); everything that reads is exported. Without
+    ``skipped`` the first such row raises its ``DatabaseError``."""
+
+    def unreadable(what: str, e: Exception) -> None:
+        if skipped is None:
+            raise e
+        skipped.append(f"{what}: {e}")
+
     problems: list[Problem] = []
     out_schedules: list[ExportedSchedule] = []
     if schedules:
@@ -66,19 +81,29 @@ def export_document(
         if problem_hash is not None:
             q = q.where(ProblemRecord.hash == problem_hash)
         for h in s.scalars(q).all():
-            p = repo.get_problem(s, h)
+            try:
+                p = repo.get_problem(s, h)
+            except _UNREADABLE as e:
+                unreadable(f"problem {h}", e)
+                continue
             if p is not None:
                 problems.append(p)
         sq = select(ScheduleRecord.id, ScheduleRecord.source).order_by(ScheduleRecord.id)
         if problem_hash is not None:
             sq = sq.where(ScheduleRecord.problem_hash == problem_hash)
         for sid, source in s.execute(sq).all():
-            sched = repo.get_schedule(s, sid).model_copy(update={"problem": None})
-            out_schedules.append(ExportedSchedule(source=source, schedule=sched))
+            try:
+                sched = repo.get_schedule(s, sid).model_copy(update={"problem": None})
+                out_schedules.append(ExportedSchedule(source=source, schedule=sched))
+            except _UNREADABLE as e:
+                unreadable(f"schedule {sid}", e)
     out_profiles: list[Profile] = []
     if profiles:
         for pid in s.scalars(select(ProfileRecord.id).order_by(ProfileRecord.id)).all():
-            out_profiles.append(repo.get_profile(s, pid))
+            try:
+                out_profiles.append(repo.get_profile(s, pid))
+            except _UNREADABLE as e:
+                unreadable(f"profile {pid}", e)
     return ExportDocument(problems=problems, schedules=out_schedules, profiles=out_profiles)
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import BigInteger, Integer, String
 from optpipe_lightning.schedule.profile import Profile
 from optpipe_lightning.schedule.ranges import MAX_CHUNKS, MAX_MICROBATCHES, MAX_STAGES
 from optpipe_lightning.schedule.schedule import Evaluation
+from optpipe_lightning.schedule.units import distinct
 
 from .models import Base, HardwareRecord, ModelRecord
 
@@ -157,10 +158,10 @@ def evaluation_mismatch(claimed: Evaluation, actual: Evaluation) -> str | None:
             f"{'feasible' if actual.feasible else 'infeasible' + why}"
         )
     if _differs(claimed.makespan, actual.makespan):
-        return (
-            f"it claims makespan {fmt(claimed.makespan)}, "
-            f"but the simulator times it at {fmt(actual.makespan)}"
-        )
+        said, found = fmt(claimed.makespan), fmt(actual.makespan)
+        if claimed.makespan is not None and actual.makespan is not None:
+            said, found = distinct(claimed.makespan, actual.makespan)
+        return f"it claims makespan {said}, but the simulator times it at {found}"
     if claimed.peak_memory and (
         len(claimed.peak_memory) != len(actual.peak_memory)
         or any(_differs(a, b) for a, b in zip(claimed.peak_memory, actual.peak_memory, strict=True))

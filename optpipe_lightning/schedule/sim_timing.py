@@ -5,6 +5,13 @@ as far as their dependencies have ended, and parks on the first op it waits for 
 ends. A shared copy lane starts the ready head transfer that can start first. The memory wait of
 forwards (and, with duplex lanes, of reloads) is decided here from the memory events of the
 stage's transfers timed so far. The rules are the simulator's docstring's.
+
+An OFFLOAD's bytes leave at its settle point (``sim_memory``): the start of the first compute
+action of its stage that starts at or after its copy ends, or of the first RELOAD listed after it that
+starts then. So an F starting at ``t`` counts the offloads whose copies ended by ``t`` (each
+settles at or before it), and one that waits starts when the copy it waits for ends (it is that
+offload's settle point); a RELOAD counts those whose copies ended by its start, as before (it
+settles them itself).
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ def time_ops(
     xev_t: list[list[float]] = [[] for _ in range(2 * p)]
     xev_cum: list[list[float]] = [[] for _ in range(2 * p)]
     xev_off: list[list[bool]] = [[] for _ in range(2 * p)]
+    xev_rcum: list[list[float]] = [[] for _ in range(2 * p)]  # the reloads' part of xev_cum
     reloaded = [0.0] * p  # bytes of the stage's timed reloads
     waited: dict[int, int] = {}  # F or RELOAD op -> the OFFLOAD op it waited for
     waiters: dict[int, list[int]] = {}
@@ -137,6 +145,8 @@ def time_ops(
         dm = mdelta[op]
         cum = xev_cum[q]
         cum.append((cum[-1] if cum else 0.0) + dm)
+        rcum = xev_rcum[q]
+        rcum.append((rcum[-1] if rcum else 0.0) + (0.0 if is_off[op] else dm))
         if is_off[op]:
             xev_t[q].append(e)
             xev_off[q].append(True)
@@ -147,7 +157,8 @@ def time_ops(
 
     def memory_start(s: int, op: int, t: float, du: float) -> tuple[float, int]:
         """Start of F ``op`` (ready at ``t``) under the memory wait, and -1; or (t, the op
-        id of an earlier-listed transfer of the stage that must be timed first)."""
+        id of an earlier-listed transfer of the stage that must be timed first). Offloads
+        count when their copy ended by the F's start, reloads when they start by its end."""
         if duplex:
             return memory_start_duplex(s, op, t, du)
         lim = cap[s]
@@ -155,34 +166,36 @@ def time_ops(
         base = comp_level[s] + mdelta[op]
         nb = xbefore[op]
         q = 2 * s
-        times, cum = xev_t[q], xev_cum[q]
+        times, cum, rcum = xev_t[q], xev_cum[q], xev_rcum[q]
         ntimed = len(times)
-        tau = t + du
+
+        def level(x: float, hi: int) -> float:
+            """Offloads (of the first ``hi`` events) ended by ``x``, reloads started by
+            ``x + du`` (events are in time order: those between are reloads' or skipped)."""
+            i = bisect_right(times, x, 0, hi)
+            j = bisect_right(times, x + du, i, hi)
+            lv = cum[i - 1] if i else 0.0
+            if j > i:
+                lv += rcum[j - 1] - (rcum[i - 1] if i else 0.0)
+            return lv
+
         if ntimed < nb:
             # not all earlier transfers are timed: decide now only if it fits even when
             # every earlier reload has allocated and no untimed offload has freed
-            i = bisect_right(times, tau)
-            lvl = base + (cum[i - 1] if i else 0.0) + rbefore[op] - reloaded[s]
-            if lvl <= lim:
+            if base + level(t, ntimed) + rbefore[op] - reloaded[s] <= lim:
                 return t, -1
             return t, xfer_q[q][ntimed]
-        i = bisect_right(times, tau, 0, nb)
-        if base + (cum[i - 1] if i else 0.0) <= lim:
+        if base + level(t, nb) <= lim:
             return t, -1
         offs = xev_off[q]
-        k = i
+        k = bisect_right(times, t, 0, nb)
         while k < nb:
             if offs[k]:
                 tk = times[k]
-                j = k + 1
-                while j < nb and times[j] <= tk:
-                    j += 1
-                if base + cum[j - 1] <= lim:  # tk > t + du: a real wait
+                if base + level(tk, nb) <= lim:  # tk > t: a real wait, F settles it
                     waited[op] = xfer_q[q][k]
-                    return tk - du, -1
-                k = j
-            else:
-                k += 1
+                    return tk, -1
+            k += 1
         return t, -1  # no earlier offload makes it fit: the violation is reported
 
     def memory_start_duplex(s: int, op: int, t: float, du: float) -> tuple[float, int]:
@@ -196,16 +209,15 @@ def time_ops(
         no, nr = xbefore[op], xbefore1[op]
         to, co = xev_t[qo], xev_cum[qo]
         tr, cr = xev_t[qr], xev_cum[qr]
-        tau = t + du
         if len(to) < no or len(tr) < nr:
             # as in ``memory_start``: fits even with every earlier reload allocated and no
             # untimed offload freed, or wait until the next untimed one is timed
-            i, j = bisect_right(to, tau), bisect_right(tr, tau)
+            i, j = bisect_right(to, t), bisect_right(tr, t + du)
             lvl = base + (co[i - 1] if i else 0.0) + (cr[j - 1] if j else 0.0)
             if lvl + rbefore[op] - reloaded[s] <= lim:
                 return t, -1
             return t, (xfer_q[qo][len(to)] if len(to) < no else xfer_q[qr][len(tr)])
-        i, j = bisect_right(to, tau, 0, no), bisect_right(tr, tau, 0, nr)
+        i, j = bisect_right(to, t, 0, no), bisect_right(tr, t + du, 0, nr)
         if base + (co[i - 1] if i else 0.0) + (cr[j - 1] if j else 0.0) <= lim:
             return t, -1
         k = i
@@ -214,11 +226,11 @@ def time_ops(
             last = k
             while last + 1 < no and to[last + 1] <= tk:
                 last += 1
-            while j < nr and tr[j] <= tk:
+            while j < nr and tr[j] <= tk + du:
                 j += 1
-            if base + co[last] + (cr[j - 1] if j else 0.0) <= lim:  # tk > t + du: a wait
+            if base + co[last] + (cr[j - 1] if j else 0.0) <= lim:  # tk > t: a wait
                 waited[op] = xfer_q[qo][k]
-                return tk - du, -1
+                return tk, -1
             k = last + 1
         return t, -1  # no earlier offload makes it fit: the violation is reported
 

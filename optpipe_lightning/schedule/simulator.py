@@ -10,15 +10,18 @@ them ends; on a lane shared by several stages the ready transfer that can start 
 (ties: lower stage).
 
 Memory (per stage, activations only, starting at 0): F adds ``m_f`` when it ends, B adds ``m_b``
-and W ``m_w`` when they end (a BW both), an OFFLOAD frees its bytes when it ends, a RELOAD
+and W ``m_w`` when they end (a BW both), an OFFLOAD frees its bytes at its *settle point*: the
+start of the first compute action of its stage that starts at or after the copy ends (the copy's
+end if none does; a Python executor can release memory only between actions), a RELOAD
 allocates them when it starts. Changes at the same instant net out before the limit is checked.
 
 Memory wait: an F whose allocation would not fit when it ends is delayed until it fits, but only
-by the stage's own OFFLOADs listed before it: it ends no earlier than the earliest of their ends
-that makes it fit (the executor waits on that copy). If none does, it runs as early as its list
-position allows and the memory violation is reported. With duplex lanes a RELOAD waits the same
-way: one whose bytes would not fit when it would start starts when the earliest offload of its
-stage listed before it that makes them fit ends (``Timeline.reload_waits``). A schedule that fits
+by the stage's own OFFLOADs listed before it: it starts no earlier than the earliest of their
+ends that makes it fit (the executor waits on that copy before the F, which is then the
+offload's settle point). If none does, it runs as early as its list position allows and the
+memory violation is reported. With duplex lanes a RELOAD waits the same way: one whose bytes
+would not fit when it would start starts at the settle point of the earliest offload of its
+stage listed before it that makes them fit (``Timeline.reload_waits``). A schedule that fits
 without waiting is timed exactly as without these rules.
 
 The same function is the validator: a schedule with missing or duplicate ops, an order that cannot
@@ -39,7 +42,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .lanes import is_duplex
 from .problem import Problem
 from .schedule import COMPUTE_KINDS, Action, Evaluation, Schedule, Violation
 from .sim_memory import MEMORY_TOLERANCE, MemoryCurve, memory_curves, memory_violations
@@ -126,33 +128,26 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
         limited = any(x is not None for x in problem.memory_limits())
-        if limited and _shared_channels(problem):
-            # On a shared channel, a forward held back to learn whether it must wait can change
-            # which ready copy goes first; a schedule that fits without any wait keeps exactly
-            # the timing it has without the rule (docs/formats.md), so try that first.
+        if (
+            limited
+            and problem.offload is not None
+            and any(any(a.op == "OFFLOAD" for a in row) for row in actions)
+        ):
+            # A schedule that fits without any memory wait keeps exactly the timing it has
+            # without the rule (docs/formats.md): try that first. (The wait is decided from
+            # what is known when an op is timed: on a shared channel a forward held back can
+            # change which ready copy goes first; a reload's wait counts only the ops listed
+            # before it; a forward counts an offload from its start, where the curve nets a
+            # settle at its end against its allocation.)
             plain = _Simulator(problem, actions, memory_wait=False).run()
             if plain.feasible or plain.timeline is None:
                 return plain
-        elif limited and is_duplex(problem):
-            # With duplex lanes a reload's wait counts only the ops listed before it, and ops
-            # listed after it may already have freed memory: where a reload waited, a schedule
-            # that fits without any wait keeps the timing it has without the rule. (Without
-            # reload waits the two timings are the same wherever that one fits: a forward
-            # waits only where it would break the limit.)
             res = _Simulator(problem, actions).run()
-            if res.timeline is None or not any(res.timeline.reload_waits):
-                return res
-            plain = _Simulator(problem, actions, memory_wait=False).run()
-            return plain if plain.feasible else res
+            return res
         return _Simulator(problem, actions).run()
     finally:
         if gc_was_enabled:
             gc.enable()
-
-
-def _shared_channels(problem: Problem) -> bool:
-    chan = problem.channel_of()
-    return len(set(chan)) < len(chan)
 
 
 class ScheduleMismatchError(ValueError):

@@ -5,6 +5,8 @@ bandwidth, so ``bytes / bandwidth`` reads as the time it takes. Times are shown 
 fits their size (ns, µs, ms, s; minutes and hours only for long runs). Nothing is ever printed in
 scientific notation.
 
+``distinct(a, b)`` prints two numbers with as many significant digits as it takes to tell them
+apart (at least 6), for messages that say one value differs from another.
 ``format_bytes`` / ``format_seconds`` format one value; ``byte_unit`` / ``time_unit`` pick one
 unit for a whole axis or table column (from its largest value), so a chart reads in one unit.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 __all__ = [
     "Unit",
     "byte_unit",
+    "distinct",
     "format_bandwidth",
     "format_bytes",
     "format_seconds",
@@ -97,3 +100,13 @@ def format_seconds(x: float | None, *, none: str = "-", decimals: int = 3) -> st
         return "0 s"
     u = time_unit(x)
     return f"{_number(x / u.scale, decimals)} {u.name}"
+
+
+def distinct(a: float, b: float, digits: int = 6) -> tuple[str, str]:
+    """``a`` and ``b`` with ``digits`` significant digits, or more until the two texts differ
+    (equal values, or values that differ only past double precision, read the same)."""
+    for d in range(digits, 18):
+        x, y = f"{a:.{d}g}", f"{b:.{d}g}"
+        if x != y:
+            return x, y
+    return f"{a!r}", f"{b!r}"

@@ -29,8 +29,11 @@ from typing import Any
 
 def _emit(lock: threading.Lock, event: dict[str, Any]) -> None:
     with lock:
-        sys.stdout.write(json.dumps(event) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError):  # the training process is gone
+            os._exit(0)  # quietly: nobody is left to read a traceback
 
 
 def _chunkings(value: Any) -> list[tuple[int, str]] | None:

@@ -25,6 +25,7 @@ def baseline_schedules(
     names: list[str] | None = None,
     unfinished: list[str] | None = None,
     interrupted: list[str] | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[tuple[str, Schedule]]:
     """Every baseline that exists yet and applies (extra hints and fallbacks, never needed).
 
@@ -32,7 +33,8 @@ def baseline_schedules(
     running one is stopped there (cooperatively, within about one simulation) and dropped; the
     ``budget`` then lists the ones skipped or stopped, ``unfinished`` gets their names and
     ``interrupted`` the names of those stopped while running.
-    ``names`` runs only those baselines.
+    ``names`` runs only those baselines; ``exclude`` names baselines never run here (the
+    caller computed them already: no baseline is computed twice in one command).
     """
     try:
         from ..schedule.baselines import BASELINE_NAMES, generate
@@ -41,13 +43,9 @@ def baseline_schedules(
         return []
     if names is not None:
         names = [n for n in names if n in BASELINE_NAMES]
-    elif problem.offload is not None and any(x is not None for x in problem.memory_limits()):
-        # the memory-aware ones first: where the list schedulers struggle, they help most
-        names = list(BASELINE_NAMES)
-        first = [n for n in ("adaoffload", "pipeoffload", "zb-auto", "v-min") if n in names]
-        names = first + [n for n in names if n not in first]
     else:
-        names = list(BASELINE_NAMES)
+        names = baseline_order(problem)
+    names = [n for n in names if n not in exclude]
     out = []
     for i, name in enumerate(names):
         if deadline is not None and time.perf_counter() > deadline:
@@ -76,6 +74,37 @@ def baseline_schedules(
         if isinstance(sched, Schedule):
             out.append((name, sched))
     return out
+
+
+STRONGEST_BASELINES: tuple[str, ...] = ("pipeoffload", "adaoffload")
+"""The baselines that are the best answer on offload problems under a memory limit (issue 32:
+every winning row of the PipeOffload family was one of them): run first, with a longer share."""
+
+
+def memory_bound(problem: Problem) -> bool:
+    """Whether the problem may offload under a memory limit (where the strongest baselines and
+    the memory-aware ones help most)."""
+    return problem.offload is not None and any(x is not None for x in problem.memory_limits())
+
+
+CLOSED_FORM_BASELINES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
+"""Baselines that are one fixed order and one simulation (0.01-0.05 s at 16 x 32 x 4)."""
+
+
+def baseline_order(problem: Problem) -> list[str]:
+    """Every baseline's name in the order to compute them: under a memory limit with offload,
+    the closed-form orders (one simulation each), then the strongest (``STRONGEST_BASELINES``:
+    seconds each at 16 stages), then the other memory-aware ones (where the list schedulers
+    struggle, they help most), then the rest; on a busy machine the later ones may not finish."""
+    from ..schedule.baselines import BASELINE_NAMES
+
+    names = list(BASELINE_NAMES)
+    if not memory_bound(problem):
+        return names
+    first = [
+        n for n in (*CLOSED_FORM_BASELINES, *STRONGEST_BASELINES, "zb-auto", "v-min") if n in names
+    ]
+    return first + [n for n in names if n not in first]
 
 
 def heuristic_candidates(

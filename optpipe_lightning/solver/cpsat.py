@@ -8,8 +8,9 @@ optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B afte
 no-overlap per copy lane (``schedule.lanes``: with duplex a channel's offloads and its reloads
 each on a lane of their own, else both on one). Memory
 per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
-m_w at W end, -bytes at OFFLOAD end and +bytes at RELOAD start when ``o``; events at one instant
-net out, as in the simulator. Where a fused backward is cheaper than B then W
+m_w at W end, -bytes at the OFFLOAD's settle point (conservatively its end plus the stage's
+longest F: ``settle_delay``) and +bytes at RELOAD start when ``o``; events at one instant net
+out, as in the simulator. Where a fused backward is cheaper than B then W
 (``ticks.fusable``), a Boolean per backward chooses: B lasts t_bw and W nothing, right at B's end
 (one BW op, freeing m_b and m_w at its end), or B then W as usual. Symmetry breaking: ops of one
 kind on one group run in microbatch order (W's only among the split ones: a fused W is pinned to
@@ -43,6 +44,15 @@ class CpOutcome:
     wall_time: float
     starts: dict[OpKey, int] = field(default_factory=dict)
     ends: dict[OpKey, int] = field(default_factory=dict)
+
+
+def settle_delay(tm: TickModel, problem: Problem, s: int) -> int:
+    """Ticks after an offload's copy ends by which its bytes have surely left stage ``s`` for
+    every allocation that matters (the simulator's settle point, ``sim_memory``): an F ending at
+    ``T`` with ``T >= copy end + this`` started at or after the copy's end, so it (or an action
+    before it) is the settle point; a reload starting then settles it itself. Exact where the
+    F that waits for the copy is the stage's longest; otherwise conservative."""
+    return max(tm.duration("F", s, c) for c in range(problem.num_chunks))
 
 
 def memory_scale(problem: Problem) -> float:
@@ -170,6 +180,7 @@ class _Model:
                 else 0
             )
             offloadable = use_off and ob[s, c] > 0 and limits[s] is not None
+            settle = settle_delay(tm, pb, s) if offloadable else 0
             for j in range(m):
                 F, B, W = (
                     self.start[("F", s, c, j)],
@@ -234,7 +245,9 @@ class _Model:
                     deps[kR] = [(kO, 0)]
                     deps[kB].append((kR, 0))
                     b = mem(float(ob[s, c]))
-                    res_times[s] += [so + d_off, sr]
+                    # the bytes leave at the settle point: conservatively, the copy's end plus
+                    # the stage's longest forward (``settle_delay``)
+                    res_times[s] += [so + d_off + settle, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
         add_resources(md, dev_iv, lane_iv, limits, sc, res_times, res_deltas, res_active)
@@ -273,7 +286,8 @@ class _Model:
     def _add_no_voluntary_idle(self, window: int | None) -> None:
         """Only timings the simulator reproduces (see ``tight_options``)."""
         md = self.model
-        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur)
+        settle = [settle_delay(self.tm, self.pb, x) for x in range(self.pb.num_stages)]
+        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur, settle)
         for key, opts in options.items():
             lits = []
             for a, lag in opts:
@@ -580,16 +594,20 @@ def tight_options(
     deps: dict[OpKey, list[tuple[OpKey, int]]],
     window: int | None,
     dur: dict[OpKey, int] | None = None,
+    settle: list[int] | None = None,
 ) -> dict[OpKey, list[tuple[OpKey | None, int]]]:
     """What each op's start may equal in a timing the simulator reproduces.
 
     The simulator runs every op as early as its list position allows, so a timing it reproduces
     starts every op at time 0 (``None``), at a dependency's end plus its hop, or exactly when
     another op of its device ends (a transfer: a compute op of its stage, its issue point, or a
-    transfer of its copy lane). The one wait it knows is for memory: an F may end exactly
-    when an earlier OFFLOAD of its stage ends (given ``dur``, the ticks of each op), and with
-    duplex lanes a RELOAD may start exactly then. A solution that idles otherwise would be timed
-    earlier there and could break the memory limit.
+    transfer of its copy lane). The one wait it knows is for memory: an F may start exactly
+    when an earlier OFFLOAD of its stage ends (it is then that offload's settle point), and with
+    duplex lanes a RELOAD may start exactly then. With ``settle`` (ticks per stage: where the
+    model frees an offload, ``settle_delay``) a RELOAD may also start that long after an offload
+    of its stage ends: the model's conservative room; the simulator may time it earlier. A
+    solution that idles otherwise would be timed earlier there and could break the memory
+    limit.
     """
     lanes = stage_lanes(problem)
     duplex = is_duplex(problem)
@@ -634,9 +652,17 @@ def tight_options(
                 if a[0] == "OFFLOAD" and a[1] == s and a[1:] != key[1:] and near(a, key)
             ]
         opts.extend((a, 0) for a in dict.fromkeys(cands) if a not in seen)
+        if key[0] == "RELOAD" and settle:
+            # where the model frees an offload (``settle_delay`` after its copy): a reload
+            # that waits for that room starts there (the simulator may start it earlier)
+            opts.extend(
+                (a, settle[s])
+                for a in xfers.get(lanes[s][0], [])
+                if a[0] == "OFFLOAD" and a[1] == s and a[1:] != key[1:] and near(a, key)
+            )
         if key[0] == "F" and dur is not None:
             opts.extend(
-                (a, -dur[key])
+                (a, 0)
                 for a in xfers.get(lanes[s][0], [])
                 if a[0] == "OFFLOAD"
                 and a[1] == s

@@ -2,15 +2,18 @@
 
 The bound (``bounds.memory_need_lower_bound``) says what no schedule can go below. The witness is
 a one-microbatch-at-a-time schedule that offloads every lower chunk's activation while the higher
-chunks run: its simulated peak is a limit that surely works. With one chunk, or when the copies
+chunks run, timed under the bound (its forwards wait for the copies, the simulator's memory
+wait) or, where that does not fit, without a limit: its simulated peak is a limit that surely
+works. With one chunk, or when the copies
 finish in time, the two agree and the smallest feasible limit is exact.
 """
 
 from __future__ import annotations
 
 from ..schedule.problem import Problem
-from ..schedule.schedule import Action, Schedule
+from ..schedule.schedule import Action, Evaluation, Schedule
 from ..schedule.simulator import evaluate
+from ..schedule.units import distinct
 from .bounds import memory_need_lower_bound
 from .results import InfeasibleMemoryLimit
 
@@ -57,7 +60,13 @@ def minimal_memory_schedule(problem: Problem) -> Schedule:
 def smallest_feasible_limit(problem: Problem) -> tuple[list[float], list[float]]:
     """(per-stage bound no schedule beats, per-stage peak of a schedule that surely fits)."""
     need = memory_need_lower_bound(problem)
-    ev = minimal_memory_schedule(problem).evaluation
+    # timed under the bound first: a forward then waits for the copy whose room it needs (an
+    # offload's bytes leave at its settle point, the start of a compute action after the copy)
+    ev: Evaluation | None = evaluate(
+        problem.with_changes(memory_limit=need), sequential_rows(problem, True)
+    )
+    if ev is None or not ev.feasible:
+        ev = minimal_memory_schedule(problem).evaluation
     assert ev is not None
     peaks = list(ev.peak_memory)
     return need, [max(a, b) for a, b in zip(need, peaks, strict=True)]
@@ -85,10 +94,11 @@ def check_memory_limit(problem: Problem) -> None:
                 if problem.offload is not None
                 else "without offload (the problem has offload: null)"
             )
+            have, needed = distinct(lim, nd)
             raise InfeasibleMemoryLimit(
-                f"memory_limit {_fmt(lim)} on stage {s} is below what any schedule needs there "
-                f"({_fmt(nd)} bytes, {how}); the smallest feasible memory_limit is "
-                f"{_fmt(smallest)}",
+                f"memory_limit {have} on stage {s} is below what any schedule needs there "
+                f"({needed} bytes, {how}); the smallest feasible memory_limit is "
+                f"{distinct(smallest, lim)[0]}",
                 smallest,
             )
 

@@ -15,8 +15,21 @@ import sys
 import threading
 import time
 
-from .milp import MilpOutcome, _solve_highs
+from .milp import HIGHS_MEMORY_BYTES, MilpOutcome, _solve_highs
 from .ticks import OpKey
+
+
+def cap_memory(limit: int) -> bool:
+    """Cap this process's address space at ``limit`` bytes (where the platform can); whether it
+    did. An allocation past it fails inside HiGHS and is reported, never the machine's memory."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return False
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return True
 
 
 def main() -> None:
@@ -28,6 +41,7 @@ def main() -> None:
     os.close(devnull)
     payload = pickle.loads(base64.b64decode(sys.stdin.buffer.readline()))
     lm, start, ends_at, gap, seed, workers = payload
+    cap_memory(HIGHS_MEMORY_BYTES)
     time_limit = ends_at - time.monotonic()  # what is left after this process started
     stop = threading.Event()
     lock = threading.Lock()

@@ -105,6 +105,8 @@ class Best:
         self.source = ""
         self.bound = lb
         self.incumbents: list[Incumbent] = []
+        # the overall incumbent also keeps the schedules near its makespan (``robust``)
+        self.near: list[Schedule] = []
 
     def better(self, ev: Evaluation) -> bool:
         """Whether a feasible evaluation beats the incumbent (faster, or as fast and lower)."""
@@ -124,6 +126,8 @@ class Best:
         if self.parent is not None:
             sched = stamped(sched, self.pb)
         with self.lock:
+            if self.parent is None:
+                self._keep_near(sched, ev.makespan)
             if not self.better(ev):
                 return False
             self.schedule = sched
@@ -142,6 +146,24 @@ class Best:
         if self.cb is not None:
             self.cb(dataclasses.replace(inc, schedule=sched))
         return True
+
+    def _keep_near(self, sched: Schedule, makespan: float) -> None:
+        """Keep ``sched`` among the schedules within ``robust.NEAR_SHARE`` of the best makespan
+        (at most ``robust.NEAR_MAX``, fastest first)."""
+        from .robust import NEAR_MAX, NEAR_SHARE
+
+        top = min(self.makespan, makespan) * (1 + NEAR_SHARE)
+        if makespan > top:
+            return
+
+        def ms(s: Schedule) -> float:
+            assert s.evaluation is not None and s.evaluation.makespan is not None
+            return s.evaluation.makespan
+
+        kept = [s for s in self.near if ms(s) <= top and s.actions != sched.actions]
+        kept.append(sched)
+        kept.sort(key=ms)
+        self.near = kept[:NEAR_MAX]
 
     def raise_bound(self, b: float) -> None:
         with self.lock:

@@ -7,8 +7,11 @@ transfer is issued the way the simulator issues it (after the compute op listed 
 the simulator reproduces the greedy's timing; the simulator still judges every result.
 
 The simulator runs each op as soon as its list position and dependencies allow; the one wait it
-knows is the memory wait (an F that would not fit ends when an earlier offload of its stage that
-makes it fit ends). So a forward that is ready but does not fit either waits that way (rules with
+knows is the memory wait (an F that would not fit starts when an earlier offload of its stage
+that makes it fit ends: it is then that offload's settle point). An offload's bytes leave at its
+settle point (``sim_memory``): for an F, those whose copy ended by its start count (an F is
+checked at its start, holding its bytes from there: conservative only against a reload that
+starts while it runs); for a reload, those whose copy ended by its start (it settles them). So a forward that is ready but does not fit either waits that way (rules with
 ``wait``, only when no B or W is ready to fill the time) or is put after the next op that becomes
 ready later (the device idles until then).
 
@@ -143,10 +146,10 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         return out
 
     def plan_offload(
-        s: int, g: int, fe: float, need: float, now: float
+        s: int, g: int, fe: float, need: float, now: float, fs: float
     ) -> tuple[float, float, int] | None:
         """(offload end, reload start, trigger group) if the activation of the F of group g
-        that ends at ``fe`` can be offloaded: the channel is free then and the copy crosses no
+        that starts at ``fs`` and ends at ``fe`` can be offloaded: the channel is free then and the copy crosses no
         planned copy; the memory holds ``need`` until the copy ends; and a reload, triggered by
         the start of a deeper group's B of the same microbatch, crosses no planned copy and fits
         beside what the stage holds then (reservations of planned reloads, and the activations
@@ -169,7 +172,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
         plan = lane_plan[lane_r]
         bb = float(ob[s][c])
         # now: the copy must free the memory before anything else needs it
-        if not mem[s].fits_many([(fe, need), (oe, -bb)], reserved[s]):
+        if not mem[s].fits_many([(fs, need), (oe, -bb)], reserved[s]):
             return None
         # later: the reload must fit beside the activations the stage holds (freed at their
         # earliest B and W ends); a later trigger (its B then waits for it) if the first does not
@@ -181,7 +184,7 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
             re_ = est + t_rel[s][c]
             if not any(a < re_ - _EPS and est < b - _EPS for a, b in plan.values()):
                 ahead = forecast(s, now) + reserved[s]
-                if mem[s].fits_many([(fe, need), (oe, -bb), (est, bb)], ahead):
+                if mem[s].fits_many([(fs, need), (oe, -bb), (est, bb)], ahead):
                     return oe, est, tg
             tg -= 1
         return None
@@ -332,39 +335,41 @@ def _list_schedule(problem: Problem, rule: ListRule) -> list[list[Action]] | Non
                     for g2 in groups_of[s]:
                         if g2 > g and nf[g2] < nf[g]:
                             need += float(m_f[s][table[g2][1]])
-                fits = mem[s].fits(now + d, need)
+                # checked at its start: the offloads whose copy ended by then have settled
+                fits = mem[s].fits(now, need)
                 if fits and plan_on and reserved[s]:
-                    fits = mem[s].fits_many([(now + d, need)], forecast(s, now) + reserved[s])
+                    fits = mem[s].fits_many([(now, need)], forecast(s, now) + reserved[s])
                 if plan_on and trig_group[g] >= 0 and (rule.eager or not fits):
-                    pl = plan_offload(s, g, now + d, need, now)
+                    pl = plan_offload(s, g, now + d, need, now, now)
                     if pl is not None:
                         planned[g] = pl
                         fits = True
                 if not fits:
                     if plan_on and fresh:
                         lim_s = (limits[s] or 0.0) * (1 + 1e-9) + 1e-6
-                        # the simulator's memory wait: the F ends when the first of the stage's
-                        # offloads after which it fits ends (as resident, or offloaded in turn)
+                        # the simulator's memory wait: the F starts when the first of the
+                        # stage's offloads after which it fits ends (as resident, or offloaded
+                        # in turn)
                         ends = stage_off_ends[s]  # increasing: a channel copies one at a time
-                        for fe in ends[bisect_right(ends, now + d + _EPS) :]:
-                            if mem[s].level_at(fe) + need > lim_s:
+                        for fs in ends[bisect_right(ends, now + _EPS) :]:
+                            if mem[s].level_at(fs) + need > lim_s:
                                 continue  # the simulator's F would wait for a later one
                             pl = None
-                            ok = mem[s].fits(fe, need) and mem[s].fits_many(
-                                [(fe, need)], forecast(s, now) + reserved[s]
+                            ok = mem[s].fits(fs, need) and mem[s].fits_many(
+                                [(fs, need)], forecast(s, now) + reserved[s]
                             )
                             if not ok and trig_group[g] >= 0:
-                                pl = plan_offload(s, g, fe, need, now)
+                                pl = plan_offload(s, g, fs + d, need, now, fs)
                                 ok = pl is not None
                             if ok:
-                                if waiting is None or fe - d < waiting[0]:
-                                    waiting = (fe - d, g, nf[g])
+                                if waiting is None or fs < waiting[0]:
+                                    waiting = (fs, g, nf[g])
                                     wait_plan = pl
                                 break
                     elif rule.wait and fresh:
-                        tw = mem[s].wait_until(now + d, float(m_f[s][c]))
-                        if tw is not None and (waiting is None or tw - d < waiting[0]):
-                            waiting = (tw - d, g, nf[g])
+                        tw = mem[s].wait_until(now, float(m_f[s][c]))
+                        if tw is not None and (waiting is None or tw < waiting[0]):
+                            waiting = (tw, g, nf[g])
                     continue
                 key = (1, -g if rule.deep_first else nf[g] * G + g, g, nf[g])
                 if best is None or key < best:

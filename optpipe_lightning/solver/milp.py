@@ -7,7 +7,8 @@ ordering binaries for transfers of one copy lane (``schedule.lanes``: with duple
 offloads and its reloads on separate lanes), and the memory level checked at every
 allocation event (F end, RELOAD start): each other event of that device has a binary saying
 whether it happened by then (an allocation must count when it did, a free may count only when
-it did; same-instant events net out, as in the simulator). Starts are integers, so the big-M
+it did; same-instant events net out, as in the simulator). An offload's free sits at its
+settle point, conservatively its copy's end plus the stage's longest F (``cpsat.settle_delay``). Starts are integers, so the big-M
 float noise is rounded away; the simulator re-times and re-checks every solution anyway.
 """
 
@@ -163,6 +164,8 @@ def build_milp(
     events: list[list[_Event]] = [[] for _ in range(p)]
     transfers: dict[int, list[tuple[OpKey, int]]] = {}  # per copy lane
     lanes = stage_lanes(pb)
+    from .cpsat import settle_delay
+
     for g in range(G):
         s, c = table[g]
         for j in range(m):
@@ -203,7 +206,10 @@ def build_milp(
                 deps[kR] = [(kO, 0)]
                 deps[B].append((kR, 0))
                 nbytes = float(ob[s, c])
-                events[s] += [(S[kO], D[kO], -nbytes, o), (S[kR], 0, nbytes, o)]
+                # the bytes leave at the settle point: conservatively the copy's end plus
+                # the stage's longest F (``cpsat.settle_delay``)
+                settle = settle_delay(tm, pb, s)
+                events[s] += [(S[kO], D[kO] + settle, -nbytes, o), (S[kR], 0, nbytes, o)]
     # device disjunctions for pairs the DAG does not order
     reach: dict[OpKey, set[OpKey]] = {}
 
@@ -525,6 +531,13 @@ def _solve_highs(
     return out
 
 
+HIGHS_KILL_AFTER = 1.0
+"""Seconds the HiGHS child gets to stop after it is told to (at its limit) before it is killed."""
+HIGHS_MEMORY_BYTES = 4 * 2**30
+"""The HiGHS child's address-space cap (``RLIMIT_AS``): past it, its allocation fails, it reports
+the failure and the solve keeps its incumbent (9.75 GB was measured uncapped, issue 32)."""
+
+
 def _solve_highs_isolated(
     lm: LinearModel,
     start: list[float] | None,
@@ -570,7 +583,7 @@ def _solve_highs_isolated(
         lines.put(b"")
 
     threading.Thread(target=reader, daemon=True).start()
-    deadline = ends_at + 1.0  # HiGHS overruns its own limit a little; then it is told to stop
+    deadline = ends_at  # HiGHS overruns its own limit (120 s against 60): told to stop at it
     out: MilpOutcome | None = None
     told = False
     try:
@@ -582,7 +595,7 @@ def _solve_highs_isolated(
                 except OSError:
                     pass
                 told = True
-                deadline = time.monotonic() + 2.0  # then it is killed (its incumbents are kept)
+                deadline = time.monotonic() + HIGHS_KILL_AFTER  # then killed (incumbents kept)
             elif told and time.monotonic() > deadline:
                 break
             try:
@@ -604,7 +617,7 @@ def _solve_highs_isolated(
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
-            proc.wait(timeout=5.0)
+            proc.wait(timeout=HIGHS_KILL_AFTER)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

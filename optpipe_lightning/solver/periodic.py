@@ -43,7 +43,7 @@ from ortools.sat.python import cp_model
 from ..schedule.bounds import least_time_for_memory
 from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
-from .cpsat import add_resources, memory_scale, solve_stoppable
+from .cpsat import add_resources, memory_scale, settle_delay, solve_stoppable
 from .list_rules import slow_copies
 from .ticks import OpKey, TickModel
 
@@ -348,7 +348,9 @@ class _PatternModel:
                         md.new_optional_fixed_size_interval_var(sr, d_rel, o, "")
                     )
                     moved = round(float(ob[s, c]) * sc)
-                    r_t[s] += [so + d_off, sr]
+                    # the bytes leave at the settle point: conservatively, the stage's longest
+                    # F after the copy's end (``cpsat.settle_delay``)
+                    r_t[s] += [so + d_off + settle_delay(tm, pb, s), sr]
                     r_d[s] += [-moved, moved]
                     r_a[s] += [o, o]
         add_resources(md, dev, lane_ivs, limits, sc, r_t, r_d, r_a)

@@ -3,7 +3,10 @@
 Pipeline (``solve`` has checked the memory limit, a clear error below what any schedule can fit,
 and offered the user's hint and candidates): run the offload-aware list schedulers, a local
 search over their parameters from the best ones (``rule_search``), the offload repair and the
-baselines (``candidates``); where copies are as
+baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
+search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes, then
+``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
@@ -39,6 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..schedule.baselines import make_schedule
 from ..schedule.chunking import Chunking, describe
 from ..schedule.problem import Problem
 from . import backend, periodic
@@ -79,6 +83,11 @@ SCREEN_RULES_SHARE = 0.5
 # (``lns``: CP-SAT on one time window of the incumbent at a time) gets this share of the time
 # left before the backend (the relaxation) gets the rest
 LNS_SHARE = 0.5
+# the search beyond the rules (``gis_search``, then ``action_search``) gets this share of the
+# time left after the baselines
+SEARCH_SHARE = 0.4
+# with a deterministic time (no wall clock decides), the candidates the action search may try
+SEARCH_DETERMINISTIC_TRIES = 200
 # with a deterministic time (no wall clock decides), the windows the search may take
 LNS_DETERMINISTIC_WINDOWS = 32
 
@@ -95,6 +104,8 @@ class SearchArgs:
     deterministic_time: float | None
     use_baselines: bool
     lns: bool = True
+    # baselines the caller computed already (given as candidates): never run again here
+    given_baselines: frozenset[str] = frozenset()
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -171,6 +182,7 @@ def screen(
                 budget,
                 unfinished=scr.unfinished,
                 interrupted=scr.interrupted,
+                exclude=args.given_baselines,
             ):
                 bests[ch].offer(sched, f"baseline:{name}")
         # one line per chunking (its pipeline, if it is the best, runs what is left)
@@ -245,6 +257,7 @@ def run_pipeline(
                 budget,
                 unfinished=unfinished,
                 interrupted=interrupted,
+                exclude=args.given_baselines,
             ):
                 best.offer(sched, f"baseline:{name}")
     if interrupted and not stopped() and gap_open():
@@ -259,8 +272,12 @@ def run_pipeline(
                 budget,
                 names=interrupted,
                 unfinished=unfinished,
+                exclude=args.given_baselines,
             ):
                 best.offer(sched, f"baseline:{name}")
+
+    if best.schedule is not None and not stopped() and gap_open():
+        _run_search(problem, best, budget, args)
 
     if (
         args.backend != "heuristic"
@@ -311,9 +328,39 @@ def run_pipeline(
     until = budget.end - min(STOP_RESERVE_MAX, STOP_RESERVE_SHARE * budget.limit)
     if unfinished and not proven_optimal and not stopped() and time.perf_counter() < until:
         with budget.phase("baselines (in the time left)"):
-            for name, sched in baseline_schedules(problem, until, budget, names=unfinished):
+            for name, sched in baseline_schedules(
+                problem, until, budget, names=unfinished, exclude=args.given_baselines
+            ):
                 best.offer(sched, f"baseline:{name}")
     return used, proven_optimal, message
+
+
+def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
+    """PipeOffload's family beyond its published group sizes (``gis_search``), then the local
+    search over the best schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
+    the time left; each improvement is offered."""
+    from . import action_search, gis_search
+
+    until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
+    if gis_search.applies(problem):
+        with budget.phase("search: group sizes"):
+            for sched in gis_search.extra_members(problem, best.makespan, until):
+                best.offer(sched, f"search:g={sched.params['group_size']}")
+    if args.stopped() or best.schedule is None or time.perf_counter() >= until:
+        return
+    source = best.source
+    with budget.phase("search: actions"):
+        action_search.improve(
+            problem,
+            best.schedule,
+            deadline=until,
+            on_better=lambda rows, res: best.offer(
+                make_schedule(problem, "optpipe", rows, {"from": source}), f"search:{source}"
+            ),
+            seed=args.seed,
+            stop=args.stop,
+            max_tries=None if args.deterministic_time is None else SEARCH_DETERMINISTIC_TRIES,
+        )
 
 
 def _run_lns(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:

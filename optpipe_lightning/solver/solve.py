@@ -31,6 +31,7 @@ from .feasibility import check_memory_limit, infeasible_error, smallest_feasible
 from .incumbent import Best, Budget
 from .phases import SearchArgs, run_pipeline, screen
 from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
+from .robust import ROBUST_SHARE, robust_pick
 
 BACKENDS = ("auto", "cpsat", "gurobi", "highs", "heuristic")
 
@@ -51,6 +52,7 @@ def solve(
     candidates: Sequence[Schedule] = (),
     chunkings: Sequence[tuple[int, str]] | None = None,
     lns: bool = True,
+    robust: bool = True,
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
@@ -63,18 +65,22 @@ def solve(
 
     ``candidates``: schedules (evaluated, each for the problem or a re-chunking of it) that are
     candidates of the search from the start, so the result is never slower than any of them
-    (``compare`` passes its baseline rows). ``chunkings``: the (chunk count, placement) pairs to
+    (``compare`` passes its baseline rows); a baseline given so (its ``generator`` a baseline
+    name, for any chunking) is not computed again. ``chunkings``: the (chunk count, placement) pairs to
     search; by default every one the problem's ``layers_per_stage`` allows (only its own without
     it). The result's schedule is for the chunking that won: it embeds that problem and records
     its ``num_chunks`` and ``placement``. ``lns``: run the large-neighbourhood search where
-    CP-SAT's exact model is too large (``phases.LNS_SHARE``).
+    CP-SAT's exact model is too large (``phases.LNS_SHARE``). ``robust``: among the schedules
+    within 0.5% of the best makespan return the one that holds up best under ±20% op and copy
+    time noise (``robust``: the search keeps ``robust.ROBUST_SHARE`` of the limit for it).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
     if time_limit < 0:
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit}")
     t0 = time.perf_counter()
-    budget = Budget(t0, time_limit)
+    # the robust pick gets the last ROBUST_SHARE of the limit; the search the rest
+    budget = Budget(t0, time_limit * (1 - ROBUST_SHARE) if robust else time_limit)
     options = _options(problem, chunkings)
     with budget.phase("checks"):
         feasible: list[tuple[Chunking, Problem]] = []
@@ -115,8 +121,12 @@ def solve(
             with budget.phase("hint"):
                 bests[ch].offer(hint.with_evaluation(evaluate(problems[ch], hint)), "hint")
 
+    from ..schedule.baselines import BASELINE_NAMES
+
+    # a baseline given as a candidate (compare's rows) is not computed again
+    done = frozenset(c.generator for c in candidates if c.generator in BASELINE_NAMES)
     args = SearchArgs(
-        backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns
+        backend, gap_target, seed, workers, stop, deterministic_time, use_baselines, lns, done
     )
     proven: set[Chunking] = set()
     if len(feasible) == 1:
@@ -134,6 +144,32 @@ def solve(
 
     if top.schedule is None:
         raise infeasible_error(problem, smallest_feasible_limit(problem)[1])
+    robustness: dict[str, object] | None = None
+    if robust and not (stop is not None and stop.is_set()):
+        # never slower than a candidate given (compare's rows: DESIGN's contract), noise or not
+        ceiling = min(
+            (
+                c.evaluation.makespan
+                for c in given
+                if c.evaluation is not None
+                and c.evaluation.feasible
+                and c.evaluation.makespan is not None
+            ),
+            default=float("inf"),
+        )
+        near = [
+            s
+            for s in top.near
+            if s.evaluation is not None
+            and s.evaluation.makespan is not None
+            and s.evaluation.makespan <= ceiling * (1 + 1e-9)
+        ]
+        with budget.phase("robust pick"):
+            chosen, robustness = robust_pick(top.schedule, near, t0 + time_limit, seed)
+        if chosen is not top.schedule:
+            assert chosen.evaluation is not None and chosen.evaluation.makespan is not None
+            top.schedule, top.makespan = chosen, chosen.evaluation.makespan
+            top.source = f"robust:{top.source}"
     makespan = top.makespan
     # a chunking's bound holds for its schedules only: the solve's is the least of them
     per_bound = {c: max(b.bound, b.makespan) if c in proven else b.bound for c, b in bests.items()}
@@ -157,6 +193,8 @@ def solve(
         "source": top.source,
         "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
     }
+    if robustness is not None:
+        params["robust"] = robustness
     if len(bests) > 1:
         params["chunkings"] = [
             {

@@ -168,7 +168,9 @@ def test_lazy_rule_fails_where_the_published_pass_asserts() -> None:
         place_copies(pb, plan, 2, "lazy")
     rows, fit = place_copies(pb, plan, 2, "fit")
     ev = simulate(pb, rows).evaluation
-    assert fit and max(ev.peak_memory) == 4  # the rule of issue #70 fits 4 units
+    # the rule of issue #70 fitted 4 units when an offload's bytes left at its copy's end; at
+    # its settle point (issue 34) one stage holds a fifth while a copy finishes
+    assert fit and max(ev.peak_memory) == 5
 
 
 def test_fit_rule_plans_on_the_timeline_that_runs() -> None:

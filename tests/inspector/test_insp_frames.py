@@ -159,7 +159,7 @@ def test_timeline_names_the_copy_a_forward_waited_for() -> None:
     tl = frames.timeline_frame(simulate(pb, rows))
     f1 = tl[(tl["kind"] == "F") & (tl["micro"] == 1)].iloc[0]
     assert f1["waits_for"] == "offload of mb 0"
-    assert f1["start"] == pytest.approx(3.0)  # seconds: ends with the copy (1 s .. 4 s)
+    assert f1["start"] == pytest.approx(4.0)  # seconds: starts when the copy (1 s .. 4 s) ends
     assert (tl[tl["micro"] == 0]["waits_for"] == "").all()
 
 

@@ -200,8 +200,8 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room_with_duplex_lanes() 
     """On one lane the 10 s optimum queues stage 0's first reload behind its second offload,
     which frees the room the reload needs. With a lane each way nothing queues it there: the
     reload waits for that offload by the memory wait (docs/formats.md) and the same list takes
-    10 s; without that wait it would break the limit, and the best list would take 10.5 s
-    (backwards out of microbatch order, which CP-SAT's symmetry breaking leaves out)."""
+    10 s; without that wait it would break the limit. F1 waits for offload 0's copy (its copy
+    ends inside F1 otherwise: the bytes leave only at its settle point, F1's start)."""
     half = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, duplex=False)
     duplex = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True)
     assert exhaustive_optimum(half, True) == pytest.approx(10.0)
@@ -216,17 +216,21 @@ def test_a_reload_waits_for_the_offload_that_frees_its_room_with_duplex_lanes() 
         assert res.feasible and res.makespan == pytest.approx(10.0)
         assert res.timeline is not None
         i = rows[0].index(Action("RELOAD", 0))
-        assert float(res.timeline.start[0][i]) == pytest.approx(2.5)  # offload 1's end
+        assert float(res.timeline.start[0][i]) == pytest.approx(3.0)  # offload 1's end
+        assert res.timeline.memory_waits == [[(2, 1)], []]  # F1 starts when offload 0 ends
     # duplex: the reload's wait is named for the executor (reload 0 at 4 waits for offload 1 at 3)
     assert simulate(duplex, rows).timeline.reload_waits == [[(4, 3)], []]  # type: ignore[union-attr]
 
 
-def test_slow_offload_pays_only_with_the_memory_wait() -> None:
-    """Copies twice as slow as an F: the best schedule has an F wait for an offload (13 s; 14 s
-    without offload, which is also the best when no F may wait), on one lane or two."""
+def test_slow_offload_no_longer_pays_once_bytes_leave_at_the_settle_point() -> None:
+    """Copies twice as slow as an F: when an offload's bytes left at its copy's end, an F
+    ending with that copy made 13 s; now they leave at the settle point (the F must start
+    after the copy), and the best is 14 s, the same as without offload, on one lane or two."""
     for duplex in (False, True):
         pb = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=True, bandwidth=1.0, duplex=duplex)
-        assert exhaustive_optimum(pb, True) == pytest.approx(13.0)
+        assert exhaustive_optimum(pb, True) == pytest.approx(14.0)
+        no_off = brute_problem(2, 2, t_w=0.0, limit=2.0, offload=False)
+        assert exhaustive_optimum(no_off, True) == pytest.approx(14.0)
 
 
 # (memory limit, fused backward seconds): B = 2, W = 1, so BW 2.5 saves half a second

@@ -51,6 +51,12 @@ def _run(
     return out, seen, tm.tick
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 34: the optimum 44 was proven when an offload's bytes left at its copy's end; "
+    "CP-SAT's conservative settle-point memory (cpsat.settle_delay) finds no schedule under the "
+    "list rules' 50 s horizon in 1.5 s here",
+)
 def test_fixed_offload_decisions_find_the_optimum_the_whole_model_misses() -> None:
     # 4x8x1, a quarter of 1F1B's memory, copies 0.5x: the round-trip rule's 47 offloads every
     # activation of stages 0 and 1, the decisions of the optimum 44 (proven in a 240 s solve)

@@ -31,8 +31,10 @@ def _overlaps(pb: Problem, actions: list) -> int:
 @pytest.mark.parametrize(
     ("p", "m", "v", "mem", "copy", "duplex_at_most", "one_lane_best"),
     [
-        (8, 32, 1, 0.25, 0.5, 128.0, 132.5),
-        (8, 32, 2, 0.25, 0.5, 107.0, 114.5),
+        # under settle points (issue 34) the one-lane best fell from 132.5 to 110 and the duplex
+        # one from 128 to 110.5: here the second lane no longer gains (``gains`` below)
+        (8, 32, 1, 0.25, 0.5, 110.5, 110.0),
+        (8, 32, 2, 0.25, 0.5, 109.0, 114.5),  # duplex was 107
     ],
 )
 def test_the_list_rules_copy_both_ways_at_once_and_gain_from_it(
@@ -42,5 +44,7 @@ def test_the_list_rules_copy_both_ways_at_once_and_gain_from_it(
     best, scheds = _best(pb)
     half, _ = _best(one_lane(pb))
     assert half == pytest.approx(one_lane_best)
-    assert best <= duplex_at_most + 1e-9 < half
+    assert best <= duplex_at_most + 1e-9
+    if v == 2:  # the gain from the second lane
+        assert duplex_at_most < half
     assert _overlaps(pb, scheds[0].actions) > 0  # the best one uses both lanes at once

@@ -35,7 +35,7 @@ def test_planned_copies_beat_every_other_rule_where_copies_are_as_slow_as_the_co
     assert plan and others
     best_plan = min(m for r in plan if (m := _makespan(pb, r)) is not None)
     best_other = min(m for r in others if (m := _makespan(pb, r)) is not None)
-    assert best_plan == pytest.approx(57.0)
+    assert best_plan == pytest.approx(59.0)  # 57 before settle points (issue 34)
     assert best_other == pytest.approx(61.0)
     sched = run_rule(pb, PLAN)
     assert sched is not None

@@ -78,3 +78,24 @@ def test_gurobi_on_a_large_model_is_refused_without_building_it() -> None:
     res = solve(pb, backend="gurobi", time_limit=1, workers=1, use_baselines=False)
     assert res.backend == "cpsat"
     assert res.message is not None and "needs at least 1536 variables" in res.message
+
+
+def test_the_highs_child_caps_its_memory() -> None:
+    """An allocation past ``HIGHS_MEMORY_BYTES`` fails in the child (issue 32: 9.75 GB seen)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from optpipe_lightning.solver.highs_worker import cap_memory\n"
+        "from optpipe_lightning.solver.milp import HIGHS_MEMORY_BYTES as cap\n"
+        "if not cap_memory(cap): raise SystemExit(3)\n"
+        "try:\n"
+        "    bytearray(cap + 2**30)\n"
+        "except MemoryError:\n"
+        "    raise SystemExit(0)\n"
+        "raise SystemExit(1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=False, timeout=120)
+    if done.returncode == 3:
+        pytest.skip("no address-space limit on this platform")
+    assert done.returncode == 0

@@ -48,8 +48,9 @@ def test_repaired_zbv_fits_half_the_memory_and_keeps_the_compute_order() -> None
         fb = [a for a in fixed[s] if a.op in ("F", "B")]
         assert fb == [a for a in base[s] if a.op in ("F", "B")]  # only Ws may move
     assert all(max(x) <= 4.0 + 1e-9 for x in [res.evaluation.peak_memory])
-    # within a few percent of ZB-V with unlimited memory (99.5)
-    assert res.evaluation.makespan is not None and res.evaluation.makespan <= 99.5 * 1.05
+    # within 8% of ZB-V with unlimited memory (99.5): 107.25 since an offload's bytes leave at
+    # its settle point (issue 34; within 5% before)
+    assert res.evaluation.makespan is not None and res.evaluation.makespan <= 99.5 * 1.08
 
 
 def test_repaired_schedules_are_feasible_and_sorted() -> None:

@@ -98,6 +98,12 @@ def test_periodic_search_applies_only_where_copies_are_as_slow_as_compute() -> N
 
 
 @pytest.mark.usefixtures("deterministic_cpsat")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 34: measured when an offload's bytes left at its copy's end; under settle "
+    "points the list rules' best is 87 and the pattern model (conservative settle delay) finds "
+    "no pattern under it in these budgets; not re-established",
+)
 def test_a_pattern_beats_every_list_rule_where_copies_are_as_slow_as_the_compute() -> None:
     # 6 stages x 18 microbatches, half of 1F1B's activation memory, a copy as long as a
     # microbatch's F + B + W: the list rules move in waves (85 at best); two microbatches every
@@ -222,6 +228,12 @@ def test_search_keeps_its_deadline() -> None:
 
 
 @pytest.mark.usefixtures("deterministic_cpsat")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 34: measured when an offload's bytes left at its copy's end; under settle "
+    "points the list rules' best is 87 and the pattern model (conservative settle delay) finds "
+    "no pattern under it in these budgets; not re-established",
+)
 def test_search_ends_when_the_first_sizes_come_nowhere_near(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -48,6 +48,10 @@ def test_the_check_runs_on_cpu_and_writes_json_and_markdown(tmp_path: Path) -> N
     md = (tmp_path / "gpu_check.md").read_text()
     assert "(CPU)" in md and "not GPU measurements" in md
     assert "| stage time (s) |" in md
+    # compute's waits at settle points (CPU copies are synchronous clones: done at once)
+    assert ms["settle_wait_s"] >= 0.0 and ms["settle_wait_share_of_step"] < 0.5
+    assert ms["peak_over_predicted"] is None  # no allocator statistics on CPU
+    assert "| compute waiting at settle points (s per step) |" in md
 
 
 def test_a_failing_section_is_recorded_and_the_rest_still_runs(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,8 +45,9 @@ def _problem() -> Problem:
     )
 
 
-# F2 fills the stage at 3; reload 0, issued then, would hold a third activation: it waits for
-# offload 1 (3..5) and runs 5..7 (tests/test_simulator_duplex.py has the timing by hand)
+# F2 would fill the stage at 3: it starts when offload 0's copy ends (3, its settle point);
+# reload 0, issued at 4, would hold a third activation: it waits for offload 1 (4..6) and runs
+# 6..8 (tests/test_simulator_duplex.py has the timing by hand)
 ROWS = [
     *(Action(F, 0), Action(OFF, 0), Action(F, 1), Action(F, 2), Action(OFF, 1)),
     *(Action(REL, 0), Action(BW, 2), Action(BW, 0), Action(REL, 1), Action(BW, 1)),
@@ -68,6 +70,7 @@ class _TimedEngine(HostCopyEngine):
         self.seen_done = seen_done
         self.issued = 0
         self.log: list[str] = []
+        self.manager: Any = None
 
     def offload(self, flats: Sequence[torch.Tensor]) -> tuple[HostCopy, Any]:
         host, _ = super().offload(flats)
@@ -83,6 +86,12 @@ class _TimedEngine(HostCopyEngine):
         if event is not None:
             self.log.append(f"compute-waits:{event.name}")
 
+    def timed_wait(self, event: Any) -> Any:
+        """As ``wait``; the compute waits until the copy's end when it is still running."""
+        self.wait(event)
+        waited = max(0.0, event.end - self.clock) if event is not None else 0.0
+        return lambda: waited
+
     def reload(
         self, host: HostCopy, device: torch.device, after: Any, also: Sequence[Any] = ()
     ) -> tuple[list[torch.Tensor], Any]:
@@ -91,15 +100,18 @@ class _TimedEngine(HostCopyEngine):
         return super().reload(host, device, after)
 
 
-def _run(rows: list[Action], waits: StageWaits, seen_done: bool) -> tuple[list[float], Any]:
+def _run(
+    rows: list[Action], waits: StageWaits, seen_done: bool, late: float = 0.0
+) -> tuple[list[float], Any]:
     """Drive the cursor through ``rows`` at the simulator's times; the device bytes after each
     instant (the manager's, plus the activations that are not offloaded), and the engine."""
     res = simulate(_problem(), [rows])
     assert res.feasible and res.timeline is not None
     start = [float(x) for x in res.timeline.start[0]]
     end = [float(x) for x in res.timeline.end[0]]
-    engine = _TimedEngine([end[k] for k, a in enumerate(rows) if a.op == OFF], seen_done)
+    engine = _TimedEngine([end[k] + late for k, a in enumerate(rows) if a.op == OFF], seen_done)
     mgr = OffloadManager(torch.device("cpu"), [], min_bytes=0, engine=engine)
+    engine.manager = mgr
     cursor = RankCursor(
         rows, mgr, torch.device("cpu"), waits=waits.settle, reload_waits=waits.reloads
     )
@@ -132,7 +144,7 @@ def _run(rows: list[Action], waits: StageWaits, seen_done: bool) -> tuple[list[f
 def test_execution_waits_carry_the_simulators_reload_waits() -> None:
     pb = _problem()
     waits = validate_for_execution(pb, _schedule(pb))
-    assert waits == [StageWaits(settle=[(6, 1), (7, 4)], reloads=[(5, 4)])]
+    assert waits == [StageWaits(settle=[(3, 1), (7, 4)], reloads=[(5, 4)])]
     res = simulate(pb, [ROWS])
     assert res.timeline is not None and execution_waits(res.timeline) == waits
 
@@ -152,9 +164,9 @@ def test_a_reload_that_waits_never_holds_more_than_the_simulated_peak() -> None:
     (waits,) = execution_waits(res.timeline)
     levels, engine = _run(ROWS, waits, seen_done=True)
     assert max(levels) <= peak
-    # the reload starts when offload 1's copy has ended (5), as simulated, not at its list
-    # position (3), and its copy waits on that offload
-    assert "reload@5:h2d-waits[off0,off1]" in engine.log
+    # the reload starts when offload 1's copy has ended (6), as simulated, not at its list
+    # position (4), and its copy waits on that offload
+    assert "reload@6:h2d-waits[off0,off1]" in engine.log
     # without the wait the executor holds a third activation at 3: the simulator's limit broken
     plain, _ = _run(ROWS, StageWaits(waits.settle, []), seen_done=True)
     assert max(plain) == 3 * NBYTES
@@ -162,22 +174,38 @@ def test_a_reload_that_waits_never_holds_more_than_the_simulated_peak() -> None:
 
 def test_a_reload_waits_for_the_settle_point_when_no_poll_sees_the_copy_done() -> None:
     """As on a GPU whose host runs ahead: the reload is issued at the settle point of the offload
-    it waits for (the compute stream waits on that copy first), before its own backward.
-
-    (The forward side is the executor's documented approximation: offload 0's copies go at its
-    settle point, BW2, which starts when F2 ends, so F2's allocation meets them there.)"""
+    it waits for (the compute stream waits on that copy first), before its own backward; F2
+    is offload 0's settle point (it waited for that copy), so the compute stream waits there."""
     res = simulate(_problem(), [ROWS])
     assert res.timeline is not None
     (waits,) = execution_waits(res.timeline)
     _, engine = _run(ROWS, waits, seen_done=False)
     assert engine.log == [
         "offload:off0",
-        "offload:off1",  # after F2, at 3; reload 0 (listed next) is held
-        "compute-waits:off0",  # BW2: offload 0's settle point
+        "compute-waits:off0",  # F2: offload 0's settle point (its memory wait)
+        "offload:off1",  # after F2, at 4; reload 0 (listed next) is held
         "compute-waits:off1",  # BW0: offload 1's settle point, then reload 0
-        "reload@7:h2d-waits[off0,off1]",
-        "reload@9:h2d-waits[off1]",  # reload 1 at its list position, after BW0
+        "reload@8:h2d-waits[off0,off1]",
+        "reload@10:h2d-waits[off1]",  # reload 1 at its list position, after BW0
     ]
+
+
+@pytest.mark.parametrize("seen_done", [True, False])
+def test_the_executor_holds_the_simulated_bytes_at_every_action_start(seen_done: bool) -> None:
+    """The settle-point rule is one rule: at the start of every compute action the bytes the
+    executor holds (offload manager plus kept activations) equal the simulator's memory curve
+    at that instant, whether a poll sees each copy done or the compute stream waits for it."""
+    res = simulate(_problem(), [ROWS])
+    assert res.timeline is not None
+    (waits,) = execution_waits(res.timeline)
+    levels, _ = _run(ROWS, waits, seen_done=seen_done)
+    curve = res.memory[0]
+    starts = [float(res.timeline.start[0][k]) for k, a in enumerate(ROWS) if a.is_compute]
+    simulated = [
+        float(curve.bytes[int(np.searchsorted(curve.times, t, side="right")) - 1]) for t in starts
+    ]
+    assert levels[0::2] == pytest.approx(simulated)
+    assert simulated == pytest.approx([x * NBYTES for x in (0, 1, 1, 2, 1, 1)])
 
 
 def test_a_reload_wait_that_does_not_pair_a_reload_with_an_earlier_offload_is_refused() -> None:
@@ -217,3 +245,21 @@ def test_reloads_listed_behind_a_waiting_one_keep_their_order() -> None:
         "reload@0:h2d-waits[off1]",
         *("BW2", "BW0", "compute-waits:off0", "BW1"),  # BW0's release: offload 0 never seen done
     ]
+
+
+def test_a_copy_that_runs_late_makes_the_executor_wait_not_hold_more() -> None:
+    """Each offload's copy ends 1.5 s after the simulator says: no poll sees it done at its
+    settle point, so the compute waits there (the wait is measured) and the bytes held at every
+    action start are still the simulator's."""
+    res = simulate(_problem(), [ROWS])
+    assert res.timeline is not None
+    (waits,) = execution_waits(res.timeline)
+    on_time, engine0 = _run(ROWS, waits, seen_done=True)
+    late, engine = _run(ROWS, waits, seen_done=True, late=1.5)
+    assert late[0::2] == on_time[0::2]  # the same bytes at every action start
+    assert max(late) <= res.evaluation.peak_memory[0]
+    assert engine0.manager.settle_wait_seconds() == 0.0
+    # F2 waits for offload 0 (ends 4.5, F2 starts at 3), BW0 for offload 1 (ends 7.5, BW0
+    # starts at 8: done by then, its poll drops it)
+    assert "compute-waits:off0" in engine.log
+    assert engine.manager.settle_wait_seconds() == pytest.approx(1.5)

@@ -325,29 +325,6 @@ def test_run_log_keeps_every_step_across_a_switch_to_another_problem_hash(tmp_pa
     assert as_run(incumbent, profiled) is incumbent
 
 
-def test_run_log_survives_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from optpipe_lightning.profiles_db import repository as repo
-
-    log = RunLog(f"sqlite:///{tmp_path / 'runs.db'}", enabled=True, flush_seconds=1e9)
-    log.start_run(*_fingerprints(), {})
-    log.record_step(1, 0.3, None, [])
-    real = repo.record_step
-    calls = [0]
-
-    def flaky(*args: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise RuntimeError("database is locked")
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(repo, "record_step", flaky)
-    log.flush()
-    assert log.active and log.pending_steps == 1  # kept for the next try
-    log.record_step(2, 0.3, None, [])
-    log.finish("finished")
-    assert log.active and log.pending_steps == 0 and calls[0] == 3
-
-
 def test_background_solver_runs_at_low_priority_and_sends_incumbents() -> None:
     """The solver child: a fresh interpreter at nice 19 (no torch import), incumbents back as
     schedule JSON, the best one beating GPipe by min_gain becomes a switch. (The incumbents are

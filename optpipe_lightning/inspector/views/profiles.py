@@ -36,6 +36,31 @@ acts = frames.activation_frame(prof.stages)
 bu = byte_unit(float(acts["bytes"].max()) if len(acts) else 0.0)
 acts = acts.assign(value=acts["bytes"] / bu.scale)
 ui.chart(charts.activation_chart(acts, unit=bu.name), key="activation_chart")
+
+st.subheader("Per-op memory")
+opm = frames.op_memory_frame(prof.stages)
+if opm["measured"].notna().any():
+    st.caption(
+        "What each op leaves allocated, as the profiler's allocator watch measured it (median "
+        "over the profiling steps) beside the rule from the activation bytes. The problem uses "
+        "the measurement (W frees what F and B left); the largest transient is kept as reserve."
+    )
+    mu = byte_unit(float(opm[["measured", "rule"]].abs().max().max()) if len(opm) else 0.0)
+    scaled = opm.assign(**{c: opm[c] / mu.scale for c in ("rule", "measured", "used", "transient")})
+    ui.chart(charts.op_memory_chart(scaled, unit=mu.name), key="op_memory_chart")
+    with st.expander("per-op memory"):
+        ui.dataframe(
+            scaled,
+            column_config={
+                c: st.column_config.NumberColumn(f"{c} ({mu.name})", format="%.3f")
+                for c in ("rule", "measured", "used", "transient")
+            },
+        )
+else:
+    st.caption(
+        "This profile has no per-op memory (the profiler measures it on GPUs only): the problem "
+        "uses the rule (F leaves the activation, B frees all but the weight-grad part, W the rest)."
+    )
 with st.expander("measurements"):
     ui.dataframe(
         times,

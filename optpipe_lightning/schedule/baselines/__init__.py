@@ -16,7 +16,7 @@ from ..margin import peak_share
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import evaluate
-from ._deadline import DeadlineExceeded
+from ._deadline import DeadlineExceeded, interruptible
 
 
 class NotApplicable(ValueError):
@@ -53,8 +53,9 @@ def get_generator(name: str) -> Callable[[Problem], Schedule]:
 
 
 def generate(name: str, problem: Problem) -> Schedule:
-    """The named baseline's schedule for the problem (raises ``NotApplicable``)."""
-    return get_generator(name)(problem)
+    """The named baseline's schedule for the problem (raises ``NotApplicable``; inside
+    ``_deadline.deadline_at``, ``DeadlineExceeded`` at the deadline)."""
+    return interruptible(get_generator(name), problem)
 
 
 def generate_all(problem: Problem) -> dict[str, Schedule | NotApplicable]:

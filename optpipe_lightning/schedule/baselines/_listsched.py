@@ -27,6 +27,7 @@ import numpy as np
 from ..problem import Problem
 from ..schedule import Action
 from ..simulator import MEMORY_TOLERANCE, MemoryCurve, SimResult, simulate
+from ..units import distinct
 from ._deadline import check_deadline
 from ._memory_bound import surely_over_limit
 
@@ -100,14 +101,16 @@ def below_one_activation(problem: Problem) -> str | None:
             continue
         slack = lim * (1 + MEMORY_TOLERANCE) + 1e-6
         if float(m_f[s].max()) > slack:
+            have, need = distinct(lim, float(m_f[s].max()), 4)
             return (
-                f"stage {s}'s memory limit {lim:.4g} is below one activation "
-                f"(m_f {float(m_f[s].max()):.4g}), which no schedule or offload avoids"
+                f"stage {s}'s memory limit {have} is below one activation "
+                f"(m_f {need}), which no schedule or offload avoids"
             )
         if problem.offload is None and float(m_f[s].sum()) > slack:
+            have, need = distinct(lim, float(m_f[s].sum()), 4)
             return (
-                f"stage {s}'s memory limit {lim:.4g} is below one microbatch's activations over "
-                f"its {problem.num_chunks} chunks ({float(m_f[s].sum()):.4g}) and offload is null"
+                f"stage {s}'s memory limit {have} is below one microbatch's activations over "
+                f"its {problem.num_chunks} chunks ({need}) and offload is null"
             )
     return None
 
@@ -397,8 +400,8 @@ def prune_offloads(
     problem: Problem, rows: Rows, chosen: list[Key], res: SimResult, budget: int
 ) -> OffloadPlan:
     """Drop offloads the fitted plan does not need: try removing runs of them (halving the run
-    length down to one, latest chosen first) and keep a removal when the schedule still fits
-    and is no slower. At most ``budget`` simulations."""
+    length down to one, latest chosen first), then each one alone from the timed rows, and keep
+    a removal when the schedule still fits and is no slower. At most ``budget`` simulations."""
     assert res.timeline is not None and res.makespan is not None
     cur = list(chosen)
     best_ms = res.makespan
@@ -419,6 +422,25 @@ def prune_offloads(
                 cur, res = trial, r
             i = lo
         size //= 2
+    # then each one alone, taken out of the timed rows as they are (where an offload's bytes
+    # leave only at its settle point, one may make no room the limit needs)
+    for key in list(reversed(cur)):
+        if sims >= budget:
+            break
+        check_deadline()
+        assert res.timeline is not None and res.makespan is not None
+        s_, mb, c = key
+        rows_now = [list(r) for r in res.timeline.actions]
+        rows_now[s_] = [
+            a
+            for a in rows_now[s_]
+            if not (a.op in ("OFFLOAD", "RELOAD") and a.mb == mb and a.chunk == c)
+        ]
+        sims += 1
+        r = simulate(problem, rows_now)
+        if r.feasible and r.makespan is not None and r.makespan <= res.makespan * (1 + 1e-9):
+            cur = [k for k in cur if k != key]
+            res = r
     assert res.timeline is not None
     return OffloadPlan(res.timeline.actions, cur, res)
 

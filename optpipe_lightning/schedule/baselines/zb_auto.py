@@ -34,6 +34,7 @@ import math
 from ..problem import Problem
 from ..schedule import Action, Schedule
 from ..simulator import Timeline, simulate
+from ..units import distinct
 from . import NotApplicable, make_schedule
 from ._common import require_single_chunk
 from ._deadline import check_deadline
@@ -253,9 +254,10 @@ def zb_auto(problem: Problem) -> Schedule:
     for s, lim in enumerate(problem.memory_limits()):
         need = max(float(mf[s]), float(mf[s] + mb[s]))
         if lim is not None and lim < need * (1 - 1e-9):
+            have, needed = distinct(lim, need)
             raise NotApplicable(
-                f"memory_limit {lim:.6g} on stage {s} is below one microbatch's activation "
-                f"{need:.6g} (zb-auto never offloads; raise the limit or use an offload schedule)"
+                f"memory_limit {have} on stage {s} is below one microbatch's activation "
+                f"{needed} (zb-auto never offloads; raise the limit or use an offload schedule)"
             )
     best: tuple[tuple[float, float], list[list[Action]], dict[str, object]] | None = None
     seen: set[tuple[tuple[Action, ...], ...]] = set()

@@ -18,13 +18,9 @@ from typing import Any, Literal, Protocol
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
-from lightning.pytorch.strategies.launchers import (
-    _MultiProcessingLauncher,
-    _SubprocessScriptLauncher,
-)
-from lightning.pytorch.strategies.launchers.launcher import _Launcher
 
 from ..runtime.fork_safety import inherited_objects_frozen
+from .private_api import _Launcher, _MultiProcessingLauncher, _SubprocessScriptLauncher
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,6 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
-    _sync_ddp_if_available,
-)
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -77,11 +71,18 @@ from ..runtime.materialize import (
     check_materialisable,
     has_meta_tensors,
 )
+from ..runtime.peer_errors import PeerWatch, end_for_peer
 from ..runtime.process_groups import PipelineComm, make_groups
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
 from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
+from .private_api import (
+    _distributed_is_initialized,
+    _get_default_process_group_backend_for_device,
+    _init_dist_connection,
+    _sync_ddp_if_available,
+)
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
 __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
@@ -235,6 +236,7 @@ class OptPipeStrategy(ModelStateStrategy):
         self._installed: list[str] = []  # default steps put on the module (removed at teardown)
         self._in_step = False  # a module step runs on this rank alone (no collectives)
         self._status: str | None = None  # how the trainer call ended, when not "finished"
+        self._peers: PeerWatch | None = None  # the other ranks' errors (``peer_errors``)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
@@ -380,6 +382,9 @@ class OptPipeStrategy(ModelStateStrategy):
             kwargs["device_id"] = self.root_device
         _init_dist_connection(self.cluster_environment, self._process_group_backend, **kwargs)
         self.comm = make_groups(self.num_stages, self.options.data_parallel, self.global_rank)
+        if self._peers is not None:
+            self._peers.close()
+        self._peers = PeerWatch(self.global_rank, self.world_size)
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -569,9 +574,17 @@ class OptPipeStrategy(ModelStateStrategy):
     def on_exception(self, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt | SIGTERMException)
         self._status = "interrupted" if interrupted else "failed"
+        peers, self._peers = self._peers, None
+        # a peer's error or a lost peer: one line naming that rank, and this rank ends
+        if peers is not None and not interrupted and peers.on_error(exception) is not None:
+            sched, self.scheduler = self.scheduler, None
+            end_for_peer(sched, self.teardown)
 
     def teardown(self) -> None:
         """Stop the background solver, record how the run ended, take the default steps off."""
+        if self._peers is not None:
+            self._peers.close()
+            self._peers = None
         if self.scheduler is not None:
             self.scheduler.close(self._status or "finished")
         module = self.lightning_module

@@ -18,18 +18,30 @@ memory limit) are buffered and written in one short transaction every ``flush_se
 before a switch and at the end), so a step pays a list append, not a database commit. A loss
 given as a tensor is read (``float``) only then, so recording it never waits for the device.
 
-A failed write logs one warning and is retried with the next one (a busy SQLite file is
-transient); the link is switched off only after ``MAX_FAILURES`` failures in a row, unless the
-user asked for ``require_database=True`` (then opening fails loudly before training starts).
+Every call goes through one path (``RunLog._call``) to a database process of its own
+(``profiles_db.writer``): a fault of the database (unwritable, deleted or replaced, locked past
+the busy timeout, full, a truncated ``-shm`` file, which kills the process that maps it with
+SIGBUS) never reaches training. The first failure logs one warning naming a fallback file
+(``fallback_path``); records that could not be written go there as JSON lines, buffered ones
+after ``MAX_FAILURES`` failures in a row (or a dead database process) switch the link off, or at
+the end. ``require_database=True`` makes a database that cannot be opened fail loudly before
+training starts instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
+import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from ...schedule import Problem, Schedule
 from ...schedule.profile import HardwareFingerprint, ModelFingerprint, Profile
@@ -38,24 +50,26 @@ log = logging.getLogger(__name__)
 
 MAX_FAILURES = 3  # failed database calls in a row before the link is switched off
 FLUSH_SECONDS = 10.0  # buffered step records are written at most this long after their step
+# a locked database stalls a step at most this long per call (then the records are kept for
+# the next try, or go to the fallback file)
+BUSY_SECONDS = 5.0
 
 
 _prefetched: dict[str | None, tuple[threading.Thread, list[Any]]] = {}
 
 
 def prefetch_database(url: str | None) -> None:
-    """Open the database in a thread of its own (SQLAlchemy's import and the migrations take
-    about a second): called while this process waits for the other ranks to start, it is
-    ready when the first step needs it. ``RunLog`` takes it over."""
+    """Start the database process and open the database (SQLAlchemy's import and the
+    migrations take about a second) in a thread of its own: called while this process waits
+    for the other ranks to start, it is ready when the first step needs it. ``RunLog`` takes
+    it over."""
     if url in _prefetched:
         return
     box: list[Any] = []
 
     def open_it() -> None:
         try:
-            from ...profiles_db import open_database
-
-            box.append(open_database(url))
+            box.append(_writer(url))
         except Exception as e:  # reported by RunLog, like a failure to open there
             box.append(e)
 
@@ -64,19 +78,47 @@ def prefetch_database(url: str | None) -> None:
     thread.start()
 
 
+def _writer(url: str | None) -> Any:
+    from ...profiles_db.writer import DatabaseWriter
+
+    return DatabaseWriter(url, busy_timeout=BUSY_SECONDS)
+
+
 def _open(url: str | None) -> Any:
-    """The database at ``url``: the prefetched one if there is one (raises what opening it
-    raised)."""
+    """The database process for ``url``: the prefetched one if there is one (raises what
+    starting it raised)."""
     pre = _prefetched.pop(url, None)
     if pre is None:
-        from ...profiles_db import open_database
-
-        return open_database(url)
+        return _writer(url)
     pre[0].join()
     result = pre[1][0] if pre[1] else RuntimeError("opening the database did not finish")
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def fallback_path() -> Path:
+    """Where a run's records go when the database fails: a new file in ``$OPTPIPE_RECORDS_DIR``,
+    else the working directory, else the temporary directory."""
+    name = f"optpipe-records-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.jsonl"
+    for folder in (os.environ.get("OPTPIPE_RECORDS_DIR"), os.getcwd(), tempfile.gettempdir()):
+        if folder and os.access(folder, os.W_OK):
+            return Path(folder) / name
+    return Path(tempfile.gettempdir()) / name
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON: models as their JSON documents, tensors as numbers."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    number = _number(value)
+    return None if number is None or not math.isfinite(number) else number
 
 
 def _number(value: Any) -> float | None:
@@ -134,7 +176,14 @@ class BatchMetrics:
 
 
 class RunLog:
-    """Profiles, schedules, steps and switches of one training run in the database."""
+    """Profiles, schedules, steps and switches of one training run in the database.
+
+    Every call goes through ``_call`` to the database process (``profiles_db.writer``). The
+    first one that fails logs one warning naming the fallback file; from then on what is not
+    written to the database (buffered records kept for a later try are written when the link
+    is switched off, at the end at the latest) goes to that file as JSON lines
+    (``{"kind": "step", ...}``), so no record of the run is lost.
+    """
 
     def __init__(
         self,
@@ -143,11 +192,14 @@ class RunLog:
         required: bool = False,
         flush_seconds: float = FLUSH_SECONDS,
     ) -> None:
-        self.db: Any = None
+        self.db: Any = None  # the database process (``DatabaseWriter``)
         self.run_id: int | None = None
         self.schedule_id: int | None = None  # the running schedule's id
         self.flush_seconds = flush_seconds
         self.failures = 0  # failed calls in a row
+        self.last_ok = False  # whether the last ``_call`` reached the database
+        self.fallback: Path | None = None  # where records go once the database failed
+        self.unwritten = 0  # records written to the fallback file
         self._steps: list[dict[str, Any]] = []  # buffered step records
         self._metrics: list[tuple[int, dict[str, Any]]] = []  # (step, name -> number or tensor)
         self._calibrations: list[dict[str, Any]] = []  # buffered calibration records
@@ -160,71 +212,93 @@ class RunLog:
         except Exception as e:
             if required:
                 raise RuntimeError(f"optpipe: cannot open the database {url!r}: {e}") from e
-            log.warning("optpipe: carrying on without the database (%s)", e)
-            self.db = None
+            self._failed(f"cannot open the database {url or '(default)'}: {e}")
+            self.close()
 
     @property
     def active(self) -> bool:
-        return self.db is not None
+        """Whether records are kept: in the database, or in the fallback file."""
+        return self.db is not None or self.fallback is not None
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def recording(self) -> bool:
+        return self.run_id is not None or self.fallback is not None
+
+    def _failed(self, why: str) -> None:
+        """The one warning of the run (later failures are debug lines)."""
+        if self.fallback is not None:
+            log.debug("optpipe: database: %s", why)
+            return
+        self.fallback = fallback_path()
+        log.warning(
+            "optpipe: database failed (%s); training goes on, the records not written there "
+            "go to %s",
+            " ".join(why.split()),
+            self.fallback,
+        )
+
+    def _journal(self, kind: str, **fields: Any) -> None:
+        """One record that did not reach the database, appended to the fallback file."""
+        if self.fallback is None:
+            return
+        line = json.dumps({"kind": kind, "run_id": self.run_id, **_plain(fields)})
+        try:
+            with open(self.fallback, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+            self.unwritten += 1
+        except OSError as e:
+            log.debug("optpipe: fallback file %s: %s", self.fallback, e)
+
+    def _call(self, what: str, *ops: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
+        """The one path to the database: ``ops`` (repository calls) in one transaction; None
+        when it failed (then the caller journals what it meant to write)."""
+        self.last_ok = False
         if self.db is None:
             return None
         try:
-            from ...profiles_db import repository as repo
-
-            with self.db.session() as s:
-                out = fn(repo, s, *args, **kwargs)
+            out = self.db.call(*ops)
         except Exception as e:
             self.failures += 1
-            if self.failures >= MAX_FAILURES:
-                log.warning(
-                    "optpipe: database %s failed (%s); %d failures in a row: carrying on without "
-                    "the database",
-                    what,
-                    e,
-                    self.failures,
-                )
+            self._failed(f"{what}: {e}")
+            dead = getattr(self.db, "dead", None) is not None
+            if dead or self.failures >= MAX_FAILURES:
                 self.close()
-            else:
-                log.warning("optpipe: database %s failed (%s); trying again later", what, e)
             return None
         self.failures = 0
+        self.last_ok = True
         return out
 
     def find_profile(
         self, hardware: HardwareFingerprint, model: ModelFingerprint
     ) -> Profile | None:
-        return self._call("lookup", lambda repo, s: repo.find_profile(s, hardware, model))
+        return self._call("lookup", ("find_profile", (hardware, model), {}))
 
     def store_profile(self, profile: Profile) -> int | None:
-        return self._call("store", lambda repo, s: repo.store_profile(s, profile))
+        pid = self._call("store", ("store_profile", (profile,), {}))
+        if not self.last_ok:
+            self._journal("profile", profile=profile)
+        return pid
 
     def store_schedule(self, schedule: Schedule, problem: Problem, source: str) -> int | None:
         """Store ``schedule`` as it runs on ``problem`` (``as_run``) with the problem."""
         ran = as_run(schedule, problem)
-        sid = self._call(
-            "store",
-            lambda repo, s: repo.store_schedule(s, ran, problem=problem, source=source),
-        )
-        return sid
+        op = ("store_schedule", (ran,), {"problem": problem, "source": source})
+        return self._call("store", op)
 
     def start_run(
         self, hardware: HardwareFingerprint, model: ModelFingerprint, config: dict[str, Any]
     ) -> None:
-        self.run_id = self._call(
-            "start",
-            lambda repo, s: repo.start_training_run(
-                s, hardware=hardware, model=model, config=config
-            ),
-        )
+        kwargs = {"hardware": hardware, "model": model, "config": config}
+        self.run_id = self._call("start", ("start_training_run", (), kwargs))
+        if not self.last_ok:
+            self._journal("run", **kwargs)
 
     def record_step(
         self, step: int, seconds: float, predicted: float | None, peak_memory: list[float] | None
     ) -> None:
         """One optimizer step, against the schedule that ran it (buffered; see ``flush``).
         ``peak_memory=None``: every device's peak comes later (``fill_peaks``)."""
-        if self.run_id is None:
+        if not self.recording:
             return
         self._steps.append(
             {
@@ -241,7 +315,7 @@ class RunLog:
     def record_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Named numbers of one optimizer step (``training_log.record_metrics``; buffered). A
         value may be a scalar tensor: it is read when the buffer is written."""
-        if self.run_id is None or not metrics:
+        if not self.recording or not metrics:
             return
         self._metrics.append((step, dict(metrics)))
 
@@ -254,7 +328,7 @@ class RunLog:
         reason: str,
     ) -> None:
         """A re-calibration of the running schedule's costs (buffered)."""
-        if self.run_id is None:
+        if not self.recording:
             return
         self._calibrations.append(
             {
@@ -269,7 +343,7 @@ class RunLog:
 
     def record_memory_limit(self, limits: list[float]) -> None:
         """Bytes per stage the measured peaks are held against (written with the next flush)."""
-        if self.run_id is not None:
+        if self.recording:
             self._memory_limit = [float(x) for x in limits]
 
     @property
@@ -284,9 +358,10 @@ class RunLog:
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered step records in one transaction (kept for the next try if it
-        fails); steps still waiting for their peaks stay, unless ``final``."""
+        fails; to the fallback file once the database is off); steps still waiting for their
+        peaks stay, unless ``final``."""
         self._last_flush = time.monotonic()
-        if self.run_id is None:
+        if not self.recording:
             return
         run_id = self.run_id
         ready = len(self._steps)
@@ -302,28 +377,32 @@ class RunLog:
         limit = self._memory_limit
         if not (rows or metrics or calibrations or limit is not None):
             return
-
-        def write(repo: Any, s: Any) -> bool:
-            for row in rows:
-                repo.record_step(s, run_id, **row)
-            for step, m in metrics:
-                repo.record_metrics(s, run_id, step=step, metrics=m)
-            for cal in calibrations:
-                repo.record_calibration(s, run_id, **cal)
+        ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        if run_id is not None:
+            ops += [("record_step", (run_id,), row) for row in rows]
+            ops += [("record_metrics", (run_id,), {"step": k, "metrics": m}) for k, m in metrics]
+            ops += [("record_calibration", (run_id,), cal) for cal in calibrations]
             if limit is not None:
-                repo.record_memory_limit(s, run_id, limit)
-            return True
-
-        if self._call("record", write):
-            del self._steps[: len(rows)]
-            del self._metrics[: len(metrics)]
-            del self._calibrations[: len(calibrations)]
-            if self._memory_limit is limit:
-                self._memory_limit = None
-        elif self.db is None:
-            self._steps.clear()
-            self._metrics.clear()
-            self._calibrations.clear()
+                ops.append(("record_memory_limit", (run_id, limit), {}))
+        written = False
+        if ops:
+            self._call("record", *ops)
+            written = self.last_ok
+        if not written and self.db is not None and not final:
+            return  # kept for the next try
+        if not written:  # the database is off (or this is the end): the fallback file
+            for row in rows:
+                self._journal("step", **row)
+            for step, m in metrics:
+                self._journal("metrics", step=step, metrics=m)
+            for cal in calibrations:
+                self._journal("calibration", **cal)
+            if limit is not None:
+                self._journal("memory_limit", limits=limit)
+        del self._steps[: len(rows)]
+        del self._metrics[: len(metrics)]
+        del self._calibrations[: len(calibrations)]
+        if self._memory_limit is limit:
             self._memory_limit = None
 
     def record_switch(
@@ -341,29 +420,43 @@ class RunLog:
         from_id = self.schedule_id
         to_id = self.store_schedule(schedule, problem, source=reason)
         self.schedule_id = to_id
-        if self.run_id is None or to_id is None:
-            return
-        run_id = self.run_id
-        self._call(
-            "record",
-            lambda repo, s: repo.record_switch(
-                s,
-                run_id,
-                step=step,
-                from_schedule_id=from_id,
-                to_schedule_id=to_id,
-                reason=reason,
-                predicted_before=predicted_before,
-                predicted_after=predicted_after,
-            ),
-        )
+        fields = {
+            "step": step,
+            "from_schedule_id": from_id,
+            "to_schedule_id": to_id,
+            "reason": reason,
+            "predicted_before": predicted_before,
+            "predicted_after": predicted_after,
+        }
+        done = False
+        if self.run_id is not None and to_id is not None:
+            self._call("record", ("record_switch", (self.run_id,), fields))
+            done = self.last_ok
+        if not done and self.fallback is not None:
+            self._journal(
+                "switch",
+                **fields,
+                schedule=as_run(schedule, problem).model_copy(
+                    update={"problem": None, "evaluation": None}
+                ),
+            )
 
     def finish(self, status: str) -> None:
         self.flush(final=True)
         if self.run_id is not None:
             run_id = self.run_id
-            self._call("finish", lambda repo, s: repo.finish_training_run(s, run_id, status=status))
+            self._call("finish", ("finish_training_run", (run_id,), {"status": status}))
+            if not self.last_ok:
+                self._journal("finish", status=status)
             self.run_id = None
+        elif self.fallback is not None:
+            self._journal("finish", status=status)
+        if self.fallback is not None and self.unwritten:
+            log.info(
+                "optpipe: %d records of this run are in %s (the database failed)",
+                self.unwritten,
+                self.fallback,
+            )
 
     def close(self) -> None:
         db, self.db = self.db, None

@@ -32,7 +32,8 @@ same interface:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,13 @@ class HostCopyEngine:
 
     def wait(self, event: Any) -> None:
         """Make later compute wait for ``event`` (nothing to wait for on CPU)."""
+
+    def timed_wait(self, event: Any) -> Callable[[], float]:
+        """``wait``, timed on the host (the time it blocked)."""
+        t0 = time.perf_counter()
+        self.wait(event)
+        waited = time.perf_counter() - t0
+        return lambda: waited
 
     def synchronize(self, event: Any) -> None:
         """Block the host until ``event`` (nothing to wait for on CPU)."""
@@ -216,6 +224,19 @@ class CudaCopyEngine:  # pragma: no cover - exercised on GPU machines (tests mar
     def wait(self, event: Any) -> None:
         if event is not None:
             self._compute().wait_event(event)
+
+    def timed_wait(self, event: Any) -> Callable[[], float]:
+        """``wait``, timed on the compute stream: events just before and after it; their gap
+        is the stall (readable once the stream has passed the second)."""
+        if event is None:
+            return lambda: 0.0
+        before = torch.cuda.Event(enable_timing=True)
+        after = torch.cuda.Event(enable_timing=True)
+        comp = self._compute()
+        before.record(comp)
+        comp.wait_event(event)
+        after.record(comp)
+        return lambda: before.elapsed_time(after) / 1e3
 
     def synchronize(self, event: Any) -> None:
         if event is not None:

@@ -42,12 +42,20 @@ def has_meta_tensors(module: nn.Module) -> bool:
     return any(t.is_meta for t in _tensors(module, recurse=True))
 
 
+def _overrides_configure_model(module: Any) -> bool:
+    """Whether the module's class overrides ``LightningModule.configure_model``; the base is
+    found by name so that both namespaces (``lightning.pytorch``, ``pytorch_lightning``) work."""
+    cls = type(module)
+    base = next((c for c in cls.__mro__ if c.__name__ == "LightningModule"), None)
+    if base is None:
+        return False
+    return getattr(cls, "configure_model", None) is not getattr(base, "configure_model", None)
+
+
 def build_on_meta(module: Any) -> None:
     """Run the module's ``configure_model`` under the meta device when it defines one (the hook
     must be idempotent, as Lightning asks: Lightning's later call is then a no-op)."""
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    if getattr(module, "_optpipe_built", False) or not is_overridden("configure_model", module):
+    if getattr(module, "_optpipe_built", False) or not _overrides_configure_model(module):
         return
     with torch.device("meta"):
         module.configure_model()

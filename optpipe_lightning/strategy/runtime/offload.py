@@ -26,7 +26,7 @@ pinned pages and events on GPU; synchronous clones on CPU.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -302,6 +302,9 @@ class OffloadManager:
         self.pending: list[ActivationStore] = []  # offloaded, device copies not yet dropped
         self.offloaded_total = 0  # bytes moved to host this step
         self.history: list[tuple[str, Key, int]] = []  # (op, key, bytes)
+        # each wait at a settle point: a function giving the seconds compute waited there
+        # (``settle_wait_seconds``; on a GPU readable once the compute stream has passed it)
+        self.settle_waits: list[Callable[[], float]] = []
 
     def reset(self) -> None:
         for st in self.stores.values():
@@ -310,6 +313,13 @@ class OffloadManager:
         self.pending.clear()
         self.offloaded_total = 0
         self.history.clear()
+        self.settle_waits.clear()
+
+    def settle_wait_seconds(self) -> float:
+        """Seconds compute waited at settle points (and reload gates) since ``reset``: the
+        host's blocked time on CPU, the compute stream's stall between two events on a GPU
+        (synchronize first). A copy that runs late shows here, not in memory."""
+        return sum(f() for f in self.settle_waits)
 
     def close(self) -> None:
         """Release everything, and the host memory the engine keeps for reuse."""
@@ -359,7 +369,11 @@ class OffloadManager:
             state = "unknown" if st is None else f"in state {st.state.value}"
             raise OffloadStateError(f"an action waits for the offload of {key}, {state}")
         if st.has_pending:
-            self.engine.wait(st.offload_event)
+            timed = getattr(self.engine, "timed_wait", None)
+            if timed is not None:
+                self.settle_waits.append(timed(st.offload_event))
+            else:
+                self.engine.wait(st.offload_event)
             st.drop_pending()
             self.pending = [p for p in self.pending if p is not st]
         self.history.append(("WAIT", key, st.moved_bytes))

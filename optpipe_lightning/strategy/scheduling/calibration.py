@@ -207,6 +207,22 @@ def calibrate(
     )
 
 
+STORED_PROFILE_TOLERANCE = 0.20  # a stored profile this far off the measured steps: re-profile
+
+
+def stored_profile_error(
+    record: Mapping[str, Any], tolerance: float = STORED_PROFILE_TOLERANCE
+) -> float | None:
+    """How far the steps a calibration measured are off the prediction it started from
+    (``previous_seconds``: the stored profile's), relative to that prediction, when beyond
+    ``tolerance``; else None (also when either is unknown)."""
+    measured, predicted = record.get("measured_seconds"), record.get("previous_seconds")
+    if not measured or not predicted or measured <= 0 or predicted <= 0:
+        return None
+    off = (float(measured) - float(predicted)) / float(predicted)
+    return off if abs(off) > tolerance else None
+
+
 def max_cost_change(a: Problem, b: Problem) -> float:
     """The largest relative change of any compute cost between two problems of one shape."""
     worst = 0.0

@@ -41,6 +41,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -318,8 +319,28 @@ class BackgroundSolver:
             elif kind == "done":
                 done = True
                 self.queue.put(("done", ""))
-        if not done:
+        if not done:  # the child ended without saying so: killed, or it crashed
+            self.queue.put(("error", self._death()))
             self.queue.put(("done", ""))
+
+    def _death(self) -> str:
+        """Why the solver process ended early (its exit code or signal), for one warning."""
+        proc = self.proc
+        try:
+            code = proc.wait(timeout=5) if isinstance(proc, subprocess.Popen) else proc.exitcode
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = "ended" if code is None else f"exited with code {code}"
+        return (
+            f"the solver process {how} before it finished; given up for this run "
+            "(training keeps its schedule)"
+        )
 
     def poll(self) -> SwitchDecision:
         """Drain the queue: the best new feasible incumbent, if it beats the running schedule."""
@@ -329,6 +350,15 @@ class BackgroundSolver:
             try:
                 kind, payload = self.queue.get_nowait()
             except queue.Empty:
+                proc = self.proc
+                if (
+                    not self.done
+                    and isinstance(proc, mp.process.BaseProcess)
+                    and not proc.is_alive()
+                    and proc.exitcode != 0  # (0: its last events may still be on their way)
+                ):  # died without a word
+                    log.warning("optpipe: background solver stopped: %s", self._death())
+                    self.done = True
                 break
             if kind == "done":
                 self.done = True

@@ -48,7 +48,7 @@ from ..runtime.materialize import layer_owners, move_layers
 from ..runtime.module_state import batch_stat_layers
 from ..runtime.op_memory import limits_less_reserve
 from ..runtime.process_groups import PipelineComm
-from .calibration import Calibrator
+from .calibration import Calibrator, stored_profile_error
 from .forward_pipelines import ForwardPipelines
 from .pipeline_problem import (
     chunking,
@@ -134,6 +134,7 @@ class Scheduler:
         self._profiled_steps = 0
         self._profile_walls: list[float] = []  # wall seconds of each profiling step
         self._may_repartition = False
+        self._check_stored = False  # the next calibration judges the stored profile
         self.sharded = False  # each rank holds only its own layers (layers move between ranks)
         self.times = StepTimes()  # optimizer steps' wall times, the next one's prediction
         self._solve_pending = False  # a solve is to be planned at the next boundary
@@ -245,6 +246,7 @@ class Scheduler:
         self.profile = Profile.model_validate_json(profile_json)
         self.calibrator.overhead_in_problem = self.profile.runtime_overhead
         self.adopt(self.problem_from_profile(self.profile), "stored profile")
+        self._check_stored = self.options.profile_steps > 0
 
     def _stored_profile(self) -> str | None:
         """Rank 0's stored profile of this model on this hardware (JSON), on every rank."""
@@ -453,6 +455,14 @@ class Scheduler:
         if res is None:
             return
         record = res.record
+        if self._check_stored and not self.resolve.active:
+            # the first calibration on a stored profile: measured far from what it predicts,
+            # the profile does not describe this run (another machine, load): profile again
+            self._check_stored = False
+            off = stored_profile_error(record)
+            if off is not None:
+                self.reprofile(off, record)
+                return
         old_pred = self.predicted or 0.0
         self.engine.problem = res.problem
         self.predicted = float(record["predicted_seconds"])
@@ -470,6 +480,35 @@ class Scheduler:
         self.resolve.on_calibrated(res.problem, self.engine.schedule, self.context(module, count))
 
     # ---- profiling ---------------------------------------------------------------------------
+
+    def reprofile(self, off: float, record: dict[str, Any]) -> None:
+        """Every rank, same step: leave the stored profile's schedule for the profiling
+        schedule; ``finish_profiling`` then stores the new profile and adopts a schedule."""
+        assert self.engine is not None
+        self.notify(
+            f"optpipe: step {self.optimizer_steps}: the stored profile predicts "
+            f"{1e3 * record['previous_seconds']:.4g} ms per step, the steps take "
+            f"{1e3 * record['measured_seconds']:.4g} ms ({off:+.0%}): profiling again",
+            False,
+        )
+        self.switches.append(
+            {
+                "step": self.optimizer_steps,
+                "from": self.engine.schedule.generator,
+                "to": "optpipe-profiling",
+                "reason": f"stored profile off by {off:+.0%}",
+                "predicted_seconds": None,
+            }
+        )
+        base = self.shape_problem()
+        self.engine = self.new_engine(base, profiling_schedule(base), measure=True)
+        self.calibrator.sampler.reset()
+        self.calibrator.overhead_in_problem = 0.0
+        self.phase = "profiling"
+        self.profile = None
+        self.predicted = None
+        self._profiled_steps = 0
+        self._profile_walls = []
 
     def finish_profiling(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
         assert self.engine is not None

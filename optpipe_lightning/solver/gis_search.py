@@ -1,0 +1,103 @@
+"""PipeOffload's family beyond its published group sizes (issue 32: orders the rules do not try).
+
+PipeOffload's orders (``schedule.baselines._gis_order``) interleave microbatches in groups of
+``g``; the paper (and so the ``pipeoffload`` baseline) uses ``g`` in ``[ceil(p/2), p]`` and 1.
+The sizes between, 2 to ``ceil(p/2) - 1``, build too and hold memory between the two ends: on
+the 16-stage bench_peer problem at 25% of 1F1B's memory, ``g = 4`` with two chunks offloaded fits
+at 32.08 s where the published family's best (``g = 1``) gives 33.19 s. This module tries them,
+each with the published copy grid (``_offload_grid``: both rules, 1 to v offloaded chunks) and
+with AdaOffload's excess-only offload (``_listsched.offload_to_fit``; that one also on the
+published sizes other than the two AdaOffload starts from), fastest base order first,
+skipping an order already slower than the incumbent (offload only delays). Every schedule is
+timed by the one simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from ..schedule.baselines import make_schedule
+from ..schedule.baselines._gis_order import gis_order, group_sizes
+from ..schedule.baselines._listsched import offload_to_fit
+from ..schedule.baselines._offload_grid import RULES, GridError, place_copies
+from ..schedule.baselines.pipeoffload import Member, _plan
+from ..schedule.problem import Problem
+from ..schedule.schedule import Schedule
+from ..schedule.simulator import simulate
+
+
+def applies(problem: Problem) -> bool:
+    """Interleaved chunks under a memory limit with offload: where the extra sizes can help."""
+    return (
+        problem.num_chunks > 1
+        and problem.placement == "interleaved"
+        and problem.offload is not None
+        and any(x is not None for x in problem.memory_limits())
+    )
+
+
+def extra_members(
+    problem: Problem, incumbent: float, deadline: float | None = None
+) -> Iterator[Schedule]:
+    """Schedules of the group sizes the published family leaves out (module doc) that fit and
+    beat ``incumbent`` (a makespan; each one yielded beats the ones before), until ``deadline``
+    (``time.perf_counter()``)."""
+    if not applies(problem):
+        return
+    p, v = problem.num_stages, problem.num_chunks
+    published = set(group_sizes(problem))
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    bases = []
+    for g in range(2, p + 1):
+        if late():
+            return
+        if g in published and g in (p, (p + 1) // 2):
+            continue  # AdaOffload's bases: both offloads tried there already
+        try:
+            rows = gis_order(problem, g)
+        except ValueError:
+            continue
+        res = simulate(problem, rows)
+        if res.makespan is not None:
+            bases.append((res.makespan, g, rows, res))
+    bases.sort(key=lambda x: x[0])
+    best = incumbent
+    for base_ms, g, rows, base in bases:
+        if base_ms >= best * (1 - 1e-9) or late():
+            continue
+        if base.feasible:
+            best = base_ms
+            yield make_schedule(problem, "optpipe", rows, {"group_size": g, "offload_chunks": 0})
+            continue
+        for rule in RULES if g not in published else ():
+            try:
+                plan = _plan(problem, Member(g, 1, rule), rows, base)
+            except GridError:
+                continue
+            for k in range(1, v + 1):
+                if late():
+                    return
+                try:
+                    with_copies, _ = place_copies(problem, plan, k, rule)
+                except GridError:
+                    break
+                res = simulate(problem, with_copies)
+                if res.feasible and res.makespan is not None:
+                    if res.makespan < best * (1 - 1e-9):
+                        best = res.makespan
+                        member = {"group_size": g, "offload_chunks": k, "rule": rule}
+                        yield make_schedule(problem, "optpipe", with_copies, member)
+                    break  # more chunks only add copies
+        if late():
+            return
+        plan_fit, _why = offload_to_fit(problem, rows, base_result=base)
+        if plan_fit is not None and plan_fit.result is not None:
+            ms = plan_fit.result.makespan
+            if plan_fit.result.feasible and ms is not None and ms < best * (1 - 1e-9):
+                best = ms
+                params: dict[str, object] = {"group_size": g, "offload": "excess"}
+                yield make_schedule(problem, "optpipe", plan_fit.rows, params)
