@@ -248,11 +248,14 @@ def move_layers(
                             for k, v in st[names[id(p)]].items()
                         }
         elif me == old[i]:
+            # a tensor one of this rank's layers still holds (tied) stays, with its state
+            kept = _kept_tensors(layers, {j for j, o in enumerate(new) if o == me})
             for o in opts:
                 for p in layer.parameters():
-                    o.state.pop(p, None)
+                    if id(p) not in kept:
+                        o.state.pop(p, None)
             for m in layer.modules():
-                _drop(m)
+                _drop(m, kept)
         del parts, state, opt_states
 
 
