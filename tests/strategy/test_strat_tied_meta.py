@@ -22,7 +22,9 @@ V, D, T, B, M, SEED, STEPS = 16, 8, 3, 8, 4, 0, 3
 class Block(nn.Module):
     def __init__(self, bn: bool) -> None:
         super().__init__()
-        self.lin = nn.Linear(D, D)
+        # no bias before a BatchNorm: its gradient is zero up to rounding, which Adam would
+        # blow up into steps of lr size that differ between any two summation orders
+        self.lin = nn.Linear(D, D, bias=not bn)
         self.bn = nn.BatchNorm1d(D) if bn else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
