@@ -2,7 +2,8 @@
 
 For each problem picked: the best of ``pipeoffload`` and ``adaoffload`` over every chunking (the
 best baseline; the published PipeOffload family's best is ours, bench_peer checks), then
-PipeOffload's unpublished group sizes (``solver.gis_search``) on every chunking, then the action
+PipeOffload's unpublished group sizes (``solver.gis_search``) on every chunking, then its other
+order knobs (``solver.order_search``: warm-up depth, W delay) on every chunking, then the action
 search (``solver.action_search``) from the best, each within ``--seconds``. Per problem: the best
 baseline, what each step reached, the bound, and the idle time (p x makespan - work) over the best
 baseline's; then how many problems with more than 2% room it improved and the median idle ratio.
@@ -26,13 +27,13 @@ from bench_peer import FAMILY, build_problem, work
 from optpipe_lightning.schedule.baselines import NotApplicable, best_schedule, generate_chunked
 from optpipe_lightning.schedule.bounds import lower_bound
 from optpipe_lightning.schedule.chunking import chunkings, rechunk
-from optpipe_lightning.solver import action_search, gis_search
+from optpipe_lightning.solver import action_search, gis_search, order_search
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", default=None, help="1-based indices into bench_peer's FAMILY")
-    ap.add_argument("--seconds", type=float, default=30.0, help="for each of the two searches")
+    ap.add_argument("--seconds", type=float, default=30.0, help="for each of the three searches")
     args = ap.parse_args()
     picked = (
         list(range(1, len(FAMILY) + 1))
@@ -40,8 +41,8 @@ def main() -> None:
         else [int(i) for i in args.problems.split(",")]
     )
     print(
-        "| problem | best baseline | group sizes | action search | bound | room | "
-        "idle / best baseline's |\n|---|---|---|---|---|---|---|"
+        "| problem | best baseline | group sizes | order knobs | action search | bound | room | "
+        "idle / best baseline's |\n|---|---|---|---|---|---|---|---|"
     )
     ratios: list[float] = []
     room_n = improved = 0
@@ -56,7 +57,7 @@ def main() -> None:
             fits = [s for s in made if s.evaluation is not None and s.evaluation.feasible]
             bound = min(lower_bound(rechunk(pb, v, pl)) for v, pl in chunkings(pb))
             if not fits:
-                print(f"| {case.name} | none fits | - | - | {bound:.3f} | - | - |")
+                print(f"| {case.name} | none fits | - | - | - | {bound:.3f} | - | - |")
                 continue
             base = best_schedule(fits)
             assert base.evaluation is not None and base.evaluation.makespan is not None
@@ -68,6 +69,12 @@ def main() -> None:
                     assert s.evaluation is not None and s.evaluation.makespan is not None
                     best, best_s = s.evaluation.makespan, s
             after_g = best
+            until = time.perf_counter() + args.seconds
+            for v, pl in chunkings(pb):
+                for s in order_search.members(rechunk(pb, v, pl), best, until):
+                    assert s.evaluation is not None and s.evaluation.makespan is not None
+                    best, best_s = s.evaluation.makespan, s
+            after_o = best
             assert best_s.problem is not None
             _rows, res, _n = action_search.improve(
                 best_s.problem, best_s, deadline=time.perf_counter() + args.seconds
@@ -82,7 +89,7 @@ def main() -> None:
                 room_n += 1
                 improved += best < m0 * (1 - 1e-6)
             print(
-                f"| {case.name} | {base.generator} {m0:.3f} | {after_g:.3f} | {best:.3f} | "
+                f"| {case.name} | {base.generator} {m0:.3f} | {after_g:.3f} | {after_o:.3f} | {best:.3f} | "
                 f"{bound:.3f} | {room:.1%} | {ratio:.3f} |",
                 flush=True,
             )

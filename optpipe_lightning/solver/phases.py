@@ -4,8 +4,8 @@ Pipeline (``solve`` has checked the memory limit, a clear error below what any s
 and offered the user's hint and candidates): run the offload-aware list schedulers, a local
 search over their parameters from the best ones (``rule_search``), the offload repair and the
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
-search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes, then
-``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
+its warm-up depth and W delay; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
@@ -336,16 +336,27 @@ def run_pipeline(
 
 
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
-    """PipeOffload's family beyond its published group sizes (``gis_search``), then the local
+    """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
+    order knobs (``order_search``: warm-up depth, W delay), then the local
     search over the best schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
     the time left; each improvement is offered."""
-    from . import action_search, gis_search
+    from . import action_search, gis_search, order_search
 
     until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
     if gis_search.applies(problem):
         with budget.phase("search: group sizes"):
             for sched in gis_search.extra_members(problem, best.makespan, until):
                 best.offer(sched, f"search:g={sched.params['group_size']}")
+        with budget.phase("search: order knobs"):
+            # deterministic: a count of simulations, not the clock, ends it
+            det = args.deterministic_time is not None
+            for sched in order_search.members(
+                problem,
+                best.makespan,
+                None if det else until,
+                max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
+            ):
+                best.offer(sched, "search:order")
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     source = best.source
