@@ -75,19 +75,29 @@ def order(p: int, m: int, v: int, g: int, g_min: int, w_delay: int = 0) -> Rows:
 
 def variants(problem: Problem) -> Iterator[tuple[dict[str, int], Rows]]:
     """Every (g, g_min, w_delay) order that builds, except the published ones (``w_delay`` 0 at
-    the published ``g_min``)."""
+    the published ``g_min``), nearest the published first (a deadline on a large problem then
+    cuts the far ones): the published warm-up with a W delay, then one group of forwards fewer
+    or more, and so on. ``g_min`` matters only through ``k = ceil(g_min / g)``, so one per k."""
     p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
     published = min_group_size(problem)
+    combos = []
     for g in range(1, p + 1):
-        for g_min in sorted({g * k for k in range(1, -(-p // g) + 2)} | {published}):
+        k_pub = -(-published // g)
+        for k in range(1, -(-p // g) + 2):
             for w_delay in W_DELAYS:
-                if w_delay == 0 and g_min == published:
+                if w_delay == 0 and k == k_pub:
                     continue
-                try:
-                    rows = order(p, m, v, g, g_min, w_delay)
-                except ValueError:
-                    continue
-                yield {"group_size": g, "g_min": g_min, "w_delay": w_delay}, rows
+                g_min = published if k == k_pub else g * k
+                distance = abs(k - k_pub) + (w_delay > 0)
+                combos.append((distance, w_delay, -g, g_min))
+    combos.sort()
+    for _distance, w_delay, minus_g, g_min in combos:
+        g = -minus_g
+        try:
+            rows = order(p, m, v, g, g_min, w_delay)
+        except ValueError:
+            continue
+        yield {"group_size": g, "g_min": g_min, "w_delay": w_delay}, rows
 
 
 def members(
