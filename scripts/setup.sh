@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --upgrade pip >/dev/null
 # constraints.txt pins torch to the CPU build (a plain "torch" would pull a multi-GB CUDA build).
-python3 -m pip install -c constraints.txt -e ".[train,inspector,gurobi,highs,postgres,dev]"
+python3 -m pip install -c constraints.txt -e ".[train,inspector,gurobi,highs,postgres,hf,dev]"
 
 APT=""
 if [ "$(id -u)" -eq 0 ]; then APT="apt-get"; elif command -v sudo >/dev/null; then APT="sudo apt-get"; fi

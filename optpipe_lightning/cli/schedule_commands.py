@@ -248,7 +248,8 @@ def solve(
     With ``layers_per_stage`` it also chooses the chunk count and placement."""
     started = time.perf_counter()
     with user_errors():
-        problem = with_margin(load_problem(problem_path), memory_margin)
+        given = load_problem(problem_path)
+        problem = with_margin(given, memory_margin)
         check_size(problem, "solve")
         check_time_limit(problem, time_limit, "solve")
         check_solver_options(solver, seed, gap)
@@ -257,12 +258,28 @@ def solve(
         record = _start_record(
             db, problem, solver, {"time_limit": time_limit, "seed": seed, "gap": gap}
         )
-        result = run_solver(problem, solver, left, seed, quiet=as_json, record=record, gap=gap)
+        retarget = None
+        if problem is not given:  # solved with a margin: for the real limit, with its budget
+            from ..schedule.margin import budgeted_for
+
+            def retarget(schedule: Schedule) -> Schedule:
+                return budgeted_for(schedule, given)
+
+        result = run_solver(
+            problem,
+            solver,
+            left,
+            seed,
+            quiet=as_json,
+            record=record,
+            gap=gap,
+            retarget=retarget,
+        )
         interrupted = result.status == "interrupted"  # by a signal: the best found, exit 130
         if out_path is not None:
             write_output(out_path, result.schedule.to_json(indent=1))
         summary = {
-            "problem": problem.hash,
+            "problem": given.hash,
             "status": result.status,
             "backend": result.backend,
             **schedule_row("optpipe", result.schedule, result.lower_bound, result.solve_seconds),

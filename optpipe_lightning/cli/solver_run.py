@@ -34,12 +34,15 @@ def run_solver(
     gap: float = 0.0,
     candidates: list[Schedule] | None = None,
     finish: bool = True,
+    retarget: Callable[[Schedule], Schedule] | None = None,
 ) -> Any:
     """Solve; with ``record``, its incumbents are recorded and its schedule stored (as row
     ``optpipe``), and the run is closed with the result unless ``finish=False`` (the caller
     closes it). On SIGINT/SIGTERM: the best schedule found so far, simulator checked, with
     status ``interrupted`` (the caller exits with 130 then); ``KeyboardInterrupt`` (the run
-    closed as interrupted) when nothing that fits was found before the signal."""
+    closed as interrupted) when nothing that fits was found before the signal. ``retarget``:
+    applied to the result's schedule before it is stored or returned (``--memory-margin``:
+    the schedule for the real limit with its ``memory_budget``, ``margin.budgeted_for``)."""
     from ..solver import solve
 
     started = time.perf_counter()
@@ -96,6 +99,8 @@ def run_solver(
         raise
     if keeper is not None:
         keeper.close(store_last=False)
+    if retarget is not None:
+        result = dataclasses.replace(result, schedule=retarget(result.schedule))
     if result.message and not quiet:
         err.print(f"optpipe: note: {one_line(result.message)}", markup=False, soft_wrap=True)
     if record is not None:

@@ -29,8 +29,12 @@ def sha256_hex(text: str) -> str:
 
 def content_digest(problem_hash: str, schedule_json: dict[str, Any]) -> str:
     """The digest of what a stored schedule runs: its problem and its actions (not its
-    generator, parameters or timings), so the same schedule found twice is stored once."""
-    what = {"problem_hash": problem_hash, "actions": schedule_json["actions"]}
+    generator, parameters or timings), so the same schedule found twice is stored once. A
+    ``memory_budget`` (it changes the memory waits) counts only where present, so the digest of
+    a schedule without one is what it always was."""
+    what: dict[str, Any] = {"problem_hash": problem_hash, "actions": schedule_json["actions"]}
+    if schedule_json.get("memory_budget") is not None:
+        what["memory_budget"] = schedule_json["memory_budget"]
     return sha256_hex(json.dumps(what, sort_keys=True, separators=(",", ":")))
 
 

@@ -13,7 +13,7 @@ import math
 import re
 
 from .problem import Problem
-from .schedule import Evaluation
+from .schedule import Evaluation, Schedule
 
 _UNITS = {
     "": 1.0,
@@ -78,6 +78,41 @@ def apply_memory_margin(problem: Problem, margin: str | float) -> Problem:
     if isinstance(lim, int | float):
         return problem.with_changes(memory_limit=limit_with_margin(float(lim), x))
     return problem.with_changes(memory_limit=[limit_with_margin(float(y), x) for y in lim])
+
+
+def budgeted_for(schedule: Schedule, problem: Problem) -> Schedule:
+    """A schedule solved for ``problem`` less a margin (its embedded problem: that one or a
+    re-chunking of it), re-targeted to ``problem`` itself: for the same chunking of ``problem``
+    (hash, embedded problem), carrying the reduced limits as its ``memory_budget`` and evaluated
+    there, so simulated (and executed) at the real limit it keeps the margin its memory waits
+    were planned for. A schedule already for ``problem`` is returned as it is."""
+    from .chunking import own_chunking, rechunk
+    from .simulator import evaluate
+
+    own = schedule.problem
+    if own is None:
+        raise ValueError("budgeted_for needs a schedule that embeds the problem it was solved for")
+    if own.hash == problem.hash:
+        return schedule
+    v, pl = own_chunking(own)
+    real = rechunk(problem, v, pl)
+    if real.with_changes(memory_limit=own.memory_limit).hash != own.hash:
+        raise ValueError(
+            f"the schedule was solved for problem {own.hash}, which is not problem {problem.hash} "
+            "(or a re-chunking of it) with a lower memory limit"
+        )
+    budget = [
+        float(x) for x in own.memory_limits() if x is not None
+    ]  # a margin keeps every stage limited
+    out = schedule.model_copy(
+        update={
+            "problem_hash": real.hash,
+            "problem": real,
+            "memory_budget": budget if len(budget) == real.num_stages else None,
+            "evaluation": None,
+        }
+    )
+    return out.with_evaluation(evaluate(real, out))
 
 
 def peak_share(ev: Evaluation) -> float:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .margin import peak_share
 from .problem import Problem
+from .ranges import MAX_BANDWIDTH, MAX_SECONDS, MIN_SECONDS
 from .schedule import Action, Schedule
 from .simulator import evaluate
 
@@ -62,7 +63,10 @@ def noisy_problem(problem: Problem, rng: np.random.Generator, spread: float) -> 
 
     def scaled(name: str) -> list[list[float]]:
         factor = rng.uniform(1 - spread, 1 + spread, size=shape)
-        return (problem.cost(name) * factor).tolist()
+        cost = problem.cost(name)
+        # a draw stays a valid problem: times within the accepted range (0 stays 0)
+        noisy = np.where(cost > 0, np.clip(cost * factor, MIN_SECONDS, MAX_SECONDS), cost)
+        return noisy.tolist()
 
     changes: dict[str, object] = {n: scaled(n) for n in ("t_f", "t_b", "t_w")}
     if problem.t_bw is not None:
@@ -71,8 +75,8 @@ def noisy_problem(problem: Problem, rng: np.random.Generator, spread: float) -> 
         d2h, h2d = rng.uniform(1 - spread, 1 + spread, size=2)
         changes["offload"] = {
             **problem.offload.model_dump(),
-            "d2h_bandwidth": problem.offload.d2h_bandwidth / float(d2h),
-            "h2d_bandwidth": problem.offload.h2d_bandwidth / float(h2d),
+            "d2h_bandwidth": min(problem.offload.d2h_bandwidth / float(d2h), MAX_BANDWIDTH),
+            "h2d_bandwidth": min(problem.offload.h2d_bandwidth / float(h2d), MAX_BANDWIDTH),
         }
     return problem.with_changes(**changes)
 

@@ -15,7 +15,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal, NamedTuple
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, Strict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    Strict,
+    model_serializer,
+    model_validator,
+)
 
 from .problem import Problem
 from .ranges import MAX_CHUNKS, MAX_GENERATOR_LENGTH, MAX_MICROBATCHES, Label
@@ -133,6 +144,31 @@ class Schedule(_Strict):
     placement: Literal["interleaved", "vshape"] | None = Field(
         default=None, description="the placement of those chunks (recorded with num_chunks)"
     )
+    memory_budget: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        default=None,
+        description="bytes per stage the schedule's memory waits were planned for (a schedule "
+        "solved with a memory margin: the limit less the margin); the simulator and executor "
+        "keep each stage within the lower of it and the problem's limit. Absent: the limit "
+        "(and omitted from the JSON, so schedules without it keep their bytes)",
+    )
+
+    @model_validator(mode="after")
+    def _budget_per_stage(self) -> Schedule:
+        if self.memory_budget is not None and len(self.memory_budget) != len(self.actions):
+            raise ValueError(
+                f"memory_budget has {len(self.memory_budget)} entries, expected one per stage "
+                f"({len(self.actions)})"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_budget(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("memory_budget", 0) is None:
+            del data["memory_budget"]
+        return data
 
     @property
     def num_stages(self) -> int:

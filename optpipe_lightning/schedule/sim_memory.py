@@ -8,6 +8,7 @@ them when it starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,8 +127,14 @@ def memory_curves(
     return curves
 
 
-def memory_violations(curves: list[MemoryCurve], limits: list[float | None]) -> list[Violation]:
-    """The first instant each stage's memory is above its limit (beyond ``MEMORY_TOLERANCE``)."""
+def memory_violations(
+    curves: list[MemoryCurve],
+    limits: list[float | None],
+    budgeted: Sequence[bool] = (),
+) -> list[Violation]:
+    """The first instant each stage's memory is above its limit (beyond ``MEMORY_TOLERANCE``).
+    ``budgeted[s]``: stage s's limit is the schedule's ``memory_budget`` (below the device's
+    limit), and the message says so."""
     found = []
     for s, (curve, lim) in enumerate(zip(curves, limits, strict=True)):
         if lim is None:
@@ -136,13 +143,15 @@ def memory_violations(curves: list[MemoryCurve], limits: list[float | None]) -> 
         if over.any():
             i = int(np.argmax(over))
             held, limit = distinct(float(curve.bytes[i]), lim)
+            budget = s < len(budgeted) and budgeted[s]
+            what = "memory budget (the schedule's memory_budget)" if budget else "limit"
             found.append(
                 Violation(
                     kind="memory",
                     stage=s,
                     time=float(curve.times[i]),
                     message=f"stage {s} holds {held} bytes of activations at "
-                    f"t={curve.times[i]:.6g}s, over its limit {limit} "
+                    f"t={curve.times[i]:.6g}s, over its {what} {limit} "
                     f"(peak {curve.peak:.6g} at t={curve.peak_time():.6g}s)",
                 )
             )

@@ -42,10 +42,15 @@ class Timing:
 
 
 def time_ops(
-    problem: Problem, ops: OpArrays, memory_wait: bool, violations: list[Violation]
+    problem: Problem,
+    ops: OpArrays,
+    memory_wait: bool,
+    violations: list[Violation],
+    limits: list[float | None] | None = None,
 ) -> Timing | None:
     """ASAP start and end of every op, and the memory waits taken; None (with a deadlock
-    violation appended to ``violations``) if stuck."""
+    violation appended to ``violations``) if stuck. ``limits``: the per-stage memory the waits
+    keep within (default the problem's limits; a schedule's ``memory_budget`` lowers them)."""
     pb = problem
     p, n = pb.num_stages, ops.n
     dep = ops.dep
@@ -95,7 +100,7 @@ def time_ops(
         None
         if lim is None or not memory_wait or not (xfer_q[2 * s] or xfer_q[2 * s + 1])
         else lim * (1 + MEMORY_TOLERANCE) + 1e-6
-        for s, lim in enumerate(pb.memory_limits())
+        for s, lim in enumerate(pb.memory_limits() if limits is None else limits)
     ]
     if any(c is not None for c in cap):
         mdelta, is_off, waits_for_memory, xbefore, xbefore1, rbefore, cbefore = ops.memory_tables(

@@ -114,20 +114,31 @@ def evaluated(problem: Problem, schedule: Schedule) -> Schedule:
     return schedule.with_evaluation(evaluate(problem, schedule))
 
 
-def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) -> SimResult:
-    """Time, validate and measure a schedule on a problem."""
+def simulate(
+    problem: Problem,
+    schedule: Schedule | Sequence[Sequence[Action]],
+    memory_budget: Sequence[float] | None = None,
+) -> SimResult:
+    """Time, validate and measure a schedule on a problem.
+
+    A schedule with a ``memory_budget`` is timed and checked against the lower of it and the
+    problem's limit per stage (its memory waits keep it there, and memory above it is a
+    violation naming the budget); the evaluation's ``memory_limit`` stays the problem's.
+    ``memory_budget``: the same for bare action lists (the executor's check)."""
+    budget: Sequence[float] | None = memory_budget
     if isinstance(schedule, Schedule):
         if schedule.problem_hash != problem.hash:
             raise ScheduleMismatchError(
                 f"schedule was made for problem {schedule.problem_hash}, not {problem.hash}"
             )
         actions: Sequence[Sequence[Action]] = schedule.actions
+        budget = schedule.memory_budget if memory_budget is None else memory_budget
     else:
         actions = schedule
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the simulator allocates many small objects and frees none until it returns
     try:
-        limited = any(x is not None for x in problem.memory_limits())
+        limited = budget is not None or any(x is not None for x in problem.memory_limits())
         if (
             limited
             and problem.offload is not None
@@ -139,12 +150,12 @@ def simulate(problem: Problem, schedule: Schedule | Sequence[Sequence[Action]]) 
             # change which ready copy goes first; a reload's wait counts only the ops listed
             # before it; a forward counts an offload from its start, where the curve nets a
             # settle at its end against its allocation.)
-            plain = _Simulator(problem, actions, memory_wait=False).run()
+            plain = _Simulator(problem, actions, memory_wait=False, budget=budget).run()
             if plain.feasible or plain.timeline is None:
                 return plain
-            res = _Simulator(problem, actions).run()
+            res = _Simulator(problem, actions, budget=budget).run()
             return res
-        return _Simulator(problem, actions).run()
+        return _Simulator(problem, actions, budget=budget).run()
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -159,12 +170,32 @@ class _Simulator:
     measure memory (``sim_memory``) and gather the evaluation."""
 
     def __init__(
-        self, problem: Problem, actions: Sequence[Sequence[Action]], memory_wait: bool = True
+        self,
+        problem: Problem,
+        actions: Sequence[Sequence[Action]],
+        memory_wait: bool = True,
+        budget: Sequence[float] | None = None,
     ) -> None:
         self.memory_wait = memory_wait
         self.pb = problem
         self.actions = [list(row) for row in actions]
         self.violations: list[Violation] = []
+        # the memory each stage is timed and checked against: the limit, or the schedule's
+        # memory_budget where that is lower (``budgeted``)
+        limits = problem.memory_limits()
+        self.budgeted = [False] * len(limits)
+        if budget is not None:
+            if len(budget) != len(limits):
+                raise ScheduleMismatchError(
+                    f"the schedule's memory_budget has {len(budget)} entries, but the problem "
+                    f"has {len(limits)} stages"
+                )
+            self.budgeted = [lim is None or b < lim for b, lim in zip(budget, limits, strict=True)]
+            limits = [
+                float(b) if bb else lim
+                for b, lim, bb in zip(budget, limits, self.budgeted, strict=True)
+            ]
+        self.limits = limits
 
     def _failed(self, num_off: int) -> SimResult:
         return SimResult(
@@ -180,7 +211,7 @@ class _Simulator:
     def run(self) -> SimResult:
         pb = self.pb
         p = pb.num_stages
-        limits = pb.memory_limits()
+        limits = self.limits
         ops = encode(pb, self.actions, self.violations)
         if ops is None:
             return self._failed(0)
@@ -188,7 +219,7 @@ class _Simulator:
         if self.violations:
             return self._failed(num_off)
         ops.link(pb)
-        timed = time_ops(pb, ops, self.memory_wait, self.violations)
+        timed = time_ops(pb, ops, self.memory_wait, self.violations, limits)
         if timed is None:
             return self._failed(num_off)
         start, end = timed.start, timed.end
@@ -221,14 +252,14 @@ class _Simulator:
         span_rate = (span - float(work[s_max])) / span if span > 0 else 0.0
         curves = memory_curves(pb, ops, start, end)
         peaks = [c.peak for c in curves]
-        self.violations.extend(memory_violations(curves, limits))
+        self.violations.extend(memory_violations(curves, limits, self.budgeted))
         ev = Evaluation(
             feasible=not self.violations,
             makespan=makespan,
             bubble_rate=bubble,
             stage_span_bubble_rate=span_rate,
             peak_memory=peaks,
-            memory_limit=limits,
+            memory_limit=pb.memory_limits(),
             num_offloaded=num_off,
             violations=self.violations,
         )

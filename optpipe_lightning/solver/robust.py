@@ -51,7 +51,10 @@ def robust_pick(
 
     if late():
         return best, None
-    chosen, chosen_rep = best, report(best)
+    try:
+        chosen, chosen_rep = best, report(best)
+    except ValueError:  # no valid noisy copy of this problem: nothing to judge by
+        return best, None
     best_rep = chosen_rep
     looked = 1
     for s in others:

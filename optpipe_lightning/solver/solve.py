@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..schedule.bounds import lower_bound
 from ..schedule.chunking import Chunking, own_chunking, rechunk, stamped
@@ -53,6 +54,7 @@ def solve(
     chunkings: Sequence[tuple[int, str]] | None = None,
     lns: bool = True,
     robust: bool = True,
+    memory_margin: str | float | None = None,
 ) -> SolveResult:
     """The fastest schedule found within ``time_limit`` that fits the memory limit.
 
@@ -73,7 +75,33 @@ def solve(
     CP-SAT's exact model is too large (``phases.LNS_SHARE``). ``robust``: among the schedules
     within 0.5% of the best makespan return the one that holds up best under ±20% op and copy
     time noise (``robust``: the search keeps ``robust.ROBUST_SHARE`` of the limit for it).
+    ``memory_margin`` (``schedule/margin.py``): solve for the limit less the margin; the
+    schedule returned is for ``problem`` itself and carries the reduced limit as its
+    ``memory_budget`` (``margin.budgeted_for``), so it keeps the margin when simulated or run
+    at the real limit (candidates and the hint are then for the reduced problem).
     """
+    if memory_margin is not None:
+        from ..schedule.margin import apply_memory_margin, budgeted_for
+
+        reduced = apply_memory_margin(problem, memory_margin)
+        result = solve(
+            reduced,
+            backend=backend,
+            time_limit=time_limit,
+            gap_target=gap_target,
+            seed=seed,
+            workers=workers,
+            hint=hint,
+            on_incumbent=on_incumbent,
+            stop=stop,
+            deterministic_time=deterministic_time,
+            use_baselines=use_baselines,
+            candidates=candidates,
+            chunkings=chunkings,
+            lns=lns,
+            robust=robust,
+        )
+        return replace(result, schedule=budgeted_for(result.schedule, problem))
     if backend not in BACKENDS:
         raise ValueError(f"unknown solver backend {backend!r}; one of {', '.join(BACKENDS)}")
     if time_limit < 0:

@@ -21,6 +21,7 @@ from .planning.partition import PartitionError, balanced_partition  # noqa: E402
 from .planning.planner import NoScheduleError  # noqa: E402 (after the torch check)
 from .runtime.contract import ContractError, LayerChain, PipelineSpec, get_spec  # noqa: E402 (after the torch check)
 from .runtime.engine import PipelineEngine, ScheduleRejectedError  # noqa: E402 (after the torch check)
+from .runtime.hf import causal_lm_layers  # noqa: E402 (imports no transformers)
 
 # optpipe_lightning.strategy.pytorch_lightning: the same strategy, for pytorch_lightning
 _namespaces.install()
@@ -37,6 +38,7 @@ __all__ = [
     "PipelineStepError",
     "ScheduleRejectedError",
     "balanced_partition",
+    "causal_lm_layers",
     "get_spec",
 ]
 

@@ -104,3 +104,13 @@ def test_the_robust_pick_never_returns_a_schedule_slower_than_a_candidate(
     res = solve(pb, backend="heuristic", time_limit=60, lns=False, candidates=[cand])
     assert offered
     assert res.makespan <= cand.evaluation.makespan * (1 + 1e-9)
+
+
+def test_noisy_copies_of_a_problem_at_the_edge_of_the_accepted_ranges_stay_valid() -> None:
+    """A time at the largest accepted value scaled up by the noise was an internal error of
+    `optpipe solve` (the fuzz found it): the draws stay within the accepted ranges."""
+    from optpipe_lightning.schedule.ranges import MAX_SECONDS
+
+    pb = bench_problem(4, 8, 1, 0.5, 0.5).with_changes(t_f=MAX_SECONDS * 0.99)
+    for d in noise_draws(pb, 6, 0.2, 0):
+        assert float(d.cost("t_f").max()) <= MAX_SECONDS

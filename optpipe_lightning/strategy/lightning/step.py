@@ -78,8 +78,12 @@ class PipelinedSteps:
         kwargs: dict[str, Any],
         context: Context,
         optimizers: Sequence[Optimizer],
+        loss_scale: float = 1.0,
     ) -> Any:
-        """One pipelined training step; the batch's loss (or ``{"loss": ..., ...}``)."""
+        """One pipelined training step; the batch's loss (or ``{"loss": ..., ...}``).
+
+        ``loss_scale``: what each loss is multiplied by before its backward besides ``1 / (M x
+        accumulate)`` (a grad scaler's scale; Lightning's ``backward`` would apply it)."""
         batch, rest, kw = step_arguments(args, kwargs)
         first = sched.engine is None
         try:
@@ -113,7 +117,7 @@ class PipelinedSteps:
 
         def run() -> tuple[Tensor, StepPayload]:
             with context():
-                sched.run_step(arg_mbs, list(enumerate(mbs)), 1.0 / accumulate, step.answer)
+                sched.run_step(arg_mbs, list(enumerate(mbs)), loss_scale / accumulate, step.answer)
             engine.finish_loss_handout()  # the last step's, before this one's
             payload = step.share_training(
                 self.comm, engine.last_rank, self.device, engine.keep_handout

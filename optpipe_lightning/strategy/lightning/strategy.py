@@ -77,6 +77,7 @@ from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
 from .model_state import CheckpointFormat, ModelStateStrategy
 from .module_steps import DEFAULT_STEPS, PipelineStepError
+from .precision import activation_dtype, agree_on_overflow, loss_scale
 from .private_api import (
     _distributed_is_initialized,
     _get_default_process_group_backend_for_device,
@@ -423,11 +424,15 @@ class OptPipeStrategy(ModelStateStrategy):
             warnings.filterwarnings(
                 "ignore", message=r"It is recommended to use `self.log\(.*sync_dist=True\)`"
             )
+        plugin = self.precision_plugin
+        self.scheduler.activation_dtype = lambda dtype: activation_dtype(plugin, dtype)
         if self.model is not None:
             self.model = self.precision_plugin.convert_module(self.model)
         if trainer.state.fn == "fit":
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
+        # 16-mixed: every stage skips the same steps (the found-inf flag over all ranks)
+        agree_on_overflow(self.precision_plugin, self.root_device)
         # norm clipping must see the norm over all stages, not this rank's share
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
         self.barrier()
@@ -451,8 +456,15 @@ class OptPipeStrategy(ModelStateStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """One pipelined step: the module's ``training_step`` per microbatch on the last stage."""
         module, sched, steps = self._parts()
+        plugin = self.precision_plugin
         out = steps.train(
-            module, sched, args, kwargs, self.precision_plugin.train_step_context, self.optimizers
+            module,
+            sched,
+            args,
+            kwargs,
+            plugin.train_step_context,
+            self.optimizers,
+            loss_scale(plugin, self.root_device),  # 16-mixed: the grad scaler's scale
         )
         for name, value in sched.metrics().items():  # the schedule that ran, for loggers
             module.log(name, value, on_step=True, on_epoch=False, batch_size=1)

@@ -27,11 +27,24 @@ if TYPE_CHECKING:
 
 
 def local_state_keys(module: nn.Module, engine: PipelineEngine) -> set[str]:
-    """The keys of ``module.state_dict()`` that belong to this rank's layer groups."""
+    """The keys of ``module.state_dict()`` that belong to this rank's layer groups: under a
+    layer that is a submodule of ``module``, or a parameter or buffer of a local layer (a
+    layer may wrap the module's own submodules without being one: ``strategy/runtime/hf.py``)."""
     names = {id(m): n for n, m in module.named_modules()}
     local_layers = {id(layer) for chain in engine.local_modules for layer in chain.layers}
     prefixes = [names[i] + "." for i in local_layers if i in names]
-    return {k for k in module.state_dict() if any(k.startswith(p) for p in prefixes)}
+    tensors = {
+        id(t) for chain in engine.local_modules for t in (*chain.parameters(), *chain.buffers())
+    }
+    owned = {
+        n
+        for n, t in (
+            *module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False),
+        )
+        if id(t) in tensors
+    }
+    return {k for k in module.state_dict() if k in owned or any(k.startswith(p) for p in prefixes)}
 
 
 def full_state_dict(

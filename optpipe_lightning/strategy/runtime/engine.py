@@ -21,6 +21,7 @@ from torch import nn
 from ...schedule import Problem, Schedule, simulate
 from ..planning.partition import group_bounds
 from ..planning.planner import forward_order, profiling_schedule
+from .boundary import SendableChain
 from .contract import LayerChain
 from .module_state import batch_stat_layers
 from .offload import OffloadManager, StageWaits, execution_waits
@@ -58,7 +59,8 @@ def validate_for_execution(
             f"schedule {schedule.generator!r} has {schedule.num_stages} stages, "
             f"the pipeline has {problem.num_stages}"
         )
-    res = simulate(problem, schedule.actions)
+    # a schedule solved with a memory margin carries its budget: the waits keep to it
+    res = simulate(problem, schedule.actions, memory_budget=schedule.memory_budget)
     if not res.feasible:
         reasons = "; ".join(v.message for v in res.evaluation.violations[:3])
         raise ScheduleRejectedError(
@@ -135,7 +137,12 @@ def _local_chains(
     """This rank's layer groups (one per chunk) and their layers, moved to ``device``."""
     bounds = group_bounds(partition)
     groups = [problem.group_of(pp_rank, c) for c in range(problem.num_chunks)]
-    chains = [LayerChain(list(layers[bounds[g][0] : bounds[g][1]])).to(device) for g in groups]
+    last = problem.num_virtual_stages - 1
+    # what crosses a boundary is made sendable (boundary.py); the last group's output is not sent
+    chains: list[LayerChain] = [
+        SendableChain(list(layers[bounds[g][0] : bounds[g][1]]), send_output=g != last).to(device)
+        for g in groups
+    ]
     return groups, chains
 
 

@@ -95,7 +95,7 @@ def materialise(
     tensors of dropped layers are dropped too: afterwards the rank holds only its own layers and
     the tensors outside every layer."""
     roots = {id(layer): i for i, layer in enumerate(layers)}
-    kept = _kept_modules(layers, keep)
+    kept = _kept_tensors(layers, keep)
     check_materialisable(module, layers)
     seen: set[int] = set()
 
@@ -119,8 +119,7 @@ def materialise(
                 init()
         if id(m) in roots and roots[id(m)] not in keep:
             for s in m.modules():
-                if id(s) not in kept:  # a module a kept layer shares (tied) stays
-                    _drop(s)
+                _drop(s, kept)  # a tensor a kept layer shares (tied) stays
 
     visit(module)
 
@@ -161,17 +160,19 @@ def check_materialisable(module: nn.Module, layers: Sequence[nn.Module]) -> None
 
 def drop_layers(layers: Sequence[nn.Module], keep: set[int]) -> None:
     """Free the tensors of the layers outside ``keep`` (they go to the meta device), except
-    those of modules a kept layer shares (a tied embedding)."""
-    kept = _kept_modules(layers, keep)
+    the tensors a kept layer shares (a tied embedding: a shared module, or one weight assigned
+    to two modules)."""
+    kept = _kept_tensors(layers, keep)
     for i, layer in enumerate(layers):
         if i not in keep:
             for m in layer.modules():
-                if id(m) not in kept:
-                    _drop(m)
+                _drop(m, kept)
 
 
-def _kept_modules(layers: Sequence[nn.Module], keep: set[int]) -> set[int]:
-    return {id(m) for i in keep for m in layers[i].modules()}
+def _kept_tensors(layers: Sequence[nn.Module], keep: set[int]) -> set[int]:
+    """Ids of the parameters and buffers the layers in ``keep`` hold (``swap_tensors`` keeps
+    a tensor's identity, so they stay valid while tensors move)."""
+    return {id(t) for i in keep for t in _tensors(layers[i], recurse=True)}
 
 
 def move_held(module: nn.Module, device: torch.device) -> None:
@@ -247,11 +248,14 @@ def move_layers(
                             for k, v in st[names[id(p)]].items()
                         }
         elif me == old[i]:
+            # a tensor one of this rank's layers still holds (tied) stays, with its state
+            kept = _kept_tensors(layers, {j for j, o in enumerate(new) if o == me})
             for o in opts:
                 for p in layer.parameters():
-                    o.state.pop(p, None)
+                    if id(p) not in kept:
+                        o.state.pop(p, None)
             for m in layer.modules():
-                _drop(m)
+                _drop(m, kept)
         del parts, state, opt_states
 
 
@@ -282,9 +286,10 @@ def allocate(m: nn.Module, device: torch.device) -> None:
             _swap(t, device)
 
 
-def _drop(m: nn.Module) -> None:
-    """The module's own tensors give their storage up (they go to the meta device)."""
+def _drop(m: nn.Module, kept: set[int]) -> None:
+    """The module's own tensors give their storage up (they go to the meta device), except
+    those in ``kept`` (tensor ids: a kept layer shares them)."""
     for _, t in _named_tensors(m):
-        if not t.is_meta:
+        if not t.is_meta and id(t) not in kept:
             t.grad = None
             _swap(t, META)

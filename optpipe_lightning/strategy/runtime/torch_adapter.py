@@ -202,3 +202,9 @@ def make_forward_runtime(
 def run_forward(runtime: Any, args: tuple[torch.Tensor, ...] | None, num_microbatches: int) -> None:
     """One forward-only pass of a ``make_forward_runtime`` runtime (no gradients kept)."""
     runtime.eval(*(args or ()), target=torch.arange(num_microbatches))
+
+
+def is_view(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a view of another tensor (torch's split backward cannot detach one in
+    place); ``Tensor._is_view`` has no public name."""
+    return bool(t._is_view())

@@ -57,17 +57,31 @@ def shape_problem(
     return initial_problem(num_stages, num_microbatches, num_chunks, placement, bounds)
 
 
+def one_sample_layer(layers: Sequence[nn.Module], module: nn.Module | None) -> str | None:
+    """The name of a layer that cannot train on one-sample microbatches (a ``BatchNorm1d`` in
+    training mode: "Expected more than 1 value per channel"), or None."""
+    names = {id(m): n for n, m in module.named_modules()} if module is not None else {}
+    for layer in layers:
+        for sub in layer.modules():
+            if isinstance(sub, nn.BatchNorm1d) and sub.training:
+                return f"{type(sub).__name__} {names.get(id(sub), '')!r}".replace(" ''", "")
+    return None
+
+
 def training_microbatches(
     options: PipelineOptions,
     num_stages: int,
     batch_size: int,
     shape: Callable[[int], Problem],
     min_samples: int = 1,
+    one_sample_refused: str | None = None,
 ) -> int:
     """The training microbatch count for this batch size (``"auto"``: chosen here, the
     smallest count a named schedule runs with on the pipeline's ``shape``; among the counts
     that leave ``min_samples`` samples per microbatch when there are such: layers with batch
-    statistics need two)."""
+    statistics need two). ``one_sample_refused`` names a layer that cannot run on one sample
+    (``one_sample_layer``): a count that leaves one is refused with one line naming the fix,
+    before any rank runs the pipeline (it would fail inside one rank while the others wait)."""
     p, requested = num_stages, options.num_microbatches
     if isinstance(requested, int):
         if batch_size % requested != 0:
@@ -77,7 +91,21 @@ def training_microbatches(
                 f"use a batch size that is a multiple of {requested} (and drop_last=True in "
                 "the DataLoader)" + (f", or num_microbatches in {fits}" if fits else "")
             )
+        if one_sample_refused and batch_size // requested < 2:
+            fits = [m for m in range(p, batch_size // 2 + 1) if batch_size % m == 0]
+            raise OptPipeConfigError(
+                f"{one_sample_refused} cannot train on one-sample microbatches (batch size "
+                f"{batch_size} in num_microbatches={requested}); use "
+                + (f"num_microbatches in {fits}, " if fits else "")
+                + f"a batch size of {2 * requested} or more, or LayerNorm/GroupNorm"
+            )
         return requested
+    if one_sample_refused and batch_size < 2 * p:
+        raise OptPipeConfigError(
+            f"{one_sample_refused} cannot train on one-sample microbatches, and batch size "
+            f"{batch_size} on {p} stages leaves one sample per microbatch; use a batch size of "
+            f"{2 * p} or more, fewer stages, or LayerNorm/GroupNorm"
+        )
 
     def runs_with(m: int) -> bool:
         if options.schedule == "optimal":
@@ -143,8 +171,12 @@ def profiled_problem(
     o = options
     if o.num_chunks is None and o.placement is None and o.partition is None:
         # DESIGN's layers_per_stage: lets the solver choose the chunk count (re-chunk below);
-        # a chunking or a partition the user set stays
-        problem = problem.with_changes(layers_per_stage=stage_layers(list(partition), problem))
+        # a chunking or a partition the user set stays. Only where every device's layers
+        # divide into the problem's own chunk count: uneven layer groups (6 layers in 2 x 2
+        # groups: [2, 2, 1, 1], 3 per device) keep the chunking and the partition they run in
+        per_stage = stage_layers(list(partition), problem)
+        if all(n % problem.num_chunks == 0 for n in per_stage):
+            problem = problem.with_changes(layers_per_stage=per_stage)
     return problem
 
 

@@ -53,6 +53,7 @@ from .forward_pipelines import ForwardPipelines
 from .pipeline_problem import (
     chunking,
     memory_limit,
+    one_sample_layer,
     profiled_problem,
     run_config,
     shape_problem,
@@ -110,6 +111,9 @@ class Scheduler:
         self.notify = notify
         self.num_chunks, self.placement = options.chunks
         self.engine: PipelineEngine | None = None
+        # the activations' dtype where it is not the parameters' (mixed precision: the
+        # strategy sets it; the fingerprint names it, so a profile of another dtype is not used)
+        self.activation_dtype: Callable[[str], str] = str
         self.forward = ForwardPipelines(spec, comm, device)  # validation, test, predict
         self.phase = "new"  # new -> profiling -> run
         self.optimizer_steps = 0
@@ -163,7 +167,10 @@ class Scheduler:
         p = self.comm.num_stages
         # batch statistics over one sample are undefined: two or more per microbatch
         least = 2 if batch_stat_layers(self.spec.layers) else 1
-        return training_microbatches(self.options, p, batch_size, self.shape_problem, least)
+        refused = one_sample_layer(self.spec.layers, self.module)
+        return training_microbatches(
+            self.options, p, batch_size, self.shape_problem, least, refused
+        )
 
     def memory_limit(self, local_params: list[nn.Parameter]) -> list[float] | None:
         """Activation bytes per stage (``pipeline_problem.memory_limit``)."""
@@ -218,6 +225,9 @@ class Scheduler:
             self.num_chunks,
             self.partition,
             placement=self.placement,
+        )
+        self._model_fp = self._model_fp.model_copy(
+            update={"dtype": self.activation_dtype(self._model_fp.dtype)}
         )
         self.records.open(o)
         stored_json = self._stored_profile()
