@@ -280,6 +280,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
 
     import optpipe_lightning.strategy.runtime.engine as engine_mod
     from optpipe_lightning.strategy import PipelineSpec
+    from optpipe_lightning.strategy.lightning.module_steps import ModuleStep
     from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
     from optpipe_lightning.strategy.scheduling.scheduler import Scheduler
 
@@ -305,6 +306,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
     engine_mod.run_step = timed(engine_mod.run_step, "pipeline")
     for cls, name, key in (
         (engine_mod.PipelineEngine, "_broadcast_loss", "loss"),
+        (ModuleStep, "share", "loss"),  # the Lightning path's hand-out (loss, logs, outputs)
         (Scheduler, "at_boundary", "boundary"),
     ):
         if hasattr(cls, name):

@@ -41,13 +41,17 @@ def _pb(
 
 
 def test_known_optima_of_the_measured_prototype() -> None:
-    """4x8, memory of 2 activations: 41 without offload, 28 with, 27 unlimited (solver note)."""
+    """4x8, memory of 2 activations: 41 without offload, 27 unlimited (proven); with offload 28
+    was the optimum while an offload's bytes left at its copy's end. Under the settle-point rule
+    (DESIGN: they leave at the next compute action's start) the solver finds 28.5 and the bound
+    stays 28 (CP-SAT's model of the rule is conservative, so it does not prove 28.5)."""
     budget = {"time_limit": UNBOUNDED_SECONDS, "deterministic_time": 30.0, "workers": 1}
     r_off = solve(_pb(4, 8), seed=0, use_baselines=False, **budget)
     r_no = solve(_pb(4, 8, offload=False), use_baselines=False, **budget)
     r_un = solve(_pb(4, 8, limit=None), use_baselines=False, **budget)
-    assert (r_off.makespan, r_no.makespan, r_un.makespan) == (28.0, 41.0, 27.0)
-    assert r_off.status == r_no.status == r_un.status == "optimal"
+    assert (r_no.makespan, r_un.makespan) == (41.0, 27.0)
+    assert r_no.status == r_un.status == "optimal"
+    assert 28.0 <= r_off.lower_bound <= r_off.makespan <= 28.5
     assert r_off.schedule.num_offloaded() > 0
     assert r_no.schedule.num_offloaded() == 0
 
@@ -80,7 +84,8 @@ def test_result_is_the_simulators_and_incumbents_improve() -> None:
     assert seen[0].source.startswith("heuristic:")
     assert all(i.bound is not None and i.bound <= res.makespan for i in seen)
     assert 0 <= res.first_solution_seconds <= seen[-1].wall_time <= res.solve_seconds
-    assert res.gap == 0.0 and res.lower_bound == res.makespan
+    assert res.lower_bound <= res.makespan
+    assert res.gap == pytest.approx((res.makespan - res.lower_bound) / res.makespan)
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,10 @@ class _ForwardCalled(BaseException):
         self.call_kwargs = kwargs
 
 
+# ``ModuleStep.share_training``'s kinds of hand-out
+_LOSS, _EMPTY, _OBJECTS = 0, 1, 2
+
+
 @dataclass
 class StepPayload:
     """What the last stage tells the other stages after a step."""
@@ -248,6 +252,37 @@ class ModuleStep:
         if mine.error is not None:
             raise PipelineStepError(mine.error) from self.failure
         return mine
+
+    def share_training(
+        self, comm: PipelineComm, last_rank: int, device: torch.device, keep: Callable[..., None]
+    ) -> StepPayload:
+        """``share`` for a training step, cheaper when the payload is the loss alone (no logs,
+        no outputs, no error: the common case): one small tensor from the last stage instead
+        of pickled objects, and the last stage does not wait for the others to take it
+        (``keep(work, tensor)`` holds the hand-out until the engine's
+        ``finish_loss_handout``). The last stage can be the rank that finishes its backwards
+        first (1F1B) or last (the V-shape, where it also holds the first stage), so waiting
+        there would hold its optimizer update, or the others', back to a common point."""
+        if not (comm.distributed and comm.num_stages > 1):
+            return self.share(comm, last_rank)
+        sender = comm.pp_rank == last_rank
+        mine = self.payload() if sender else None
+        box = torch.zeros(2, dtype=torch.float64, device=device)  # (loss, kind)
+        if mine is not None:
+            simple = mine.error is None and not mine.logs and mine.output is None
+            box[1] = (_LOSS if mine.loss is not None else _EMPTY) if simple else _OBJECTS
+            box[0] = mine.loss if simple and mine.loss is not None else 0.0
+            if simple:
+                keep(
+                    dist.broadcast(box, group=comm.pp_group, group_src=last_rank, async_op=True),
+                    box,
+                )
+                return mine
+        dist.broadcast(box, group=comm.pp_group, group_src=last_rank)
+        kind = int(box[1])
+        if kind == _OBJECTS:
+            return self.share(comm, last_rank)
+        return StepPayload(loss=float(box[0]) if kind == _LOSS else None)
 
     def replay(self, payload: StepPayload, device: torch.device) -> None:
         """Log the batch's values on this rank as the step would on one device."""

@@ -118,7 +118,10 @@ class PipelinedSteps:
         def run() -> tuple[Tensor, StepPayload]:
             with context():
                 sched.run_step(arg_mbs, list(enumerate(mbs)), loss_scale / accumulate, step.answer)
-            payload = step.share(self.comm, engine.last_rank)
+            engine.finish_loss_handout()  # the last step's, before this one's
+            payload = step.share_training(
+                self.comm, engine.last_rank, self.device, engine.keep_handout
+            )
             loss = torch.tensor(payload.loss, dtype=torch.float32, device=self.device)
             return average_over_replicas(engine.parameters, loss, self.comm), payload
 

@@ -391,6 +391,16 @@ class PipelineEngine(_LossHook):
             ) from self.failure
         return box[0]
 
+    def keep_handout(self, work: Any, sent: torch.Tensor) -> None:
+        """Hold a hand-out this rank started elsewhere (the strategy's training step) like its
+        own: waited for at the next hand-out, a switch or the end; waited for now without
+        ``async_loss``."""
+        self.finish_loss_handout()
+        if self.async_loss:
+            self._loss_handout = (work, sent)
+        else:
+            work.wait()
+
     def finish_loss_handout(self, timeout: float | None = None) -> None:
         """Wait until the other ranks took the last loss this rank sent (see above); with a
         ``timeout`` (seconds, at the end of a run) give up after it and raise nothing."""
