@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,11 @@ def test_a_two_process_fit_under_pytorch_lightning(tmp_path: Path) -> None:
     cmd += ["--dim", "32", "--heads", "2", "--seq", "16", "--vocab", "32", "--batch", "8"]
     cmd += ["--time-limit", "2", "--val-every", "4", "--no-progress-bar"]
     cmd += ["--db", f"sqlite:///{tmp_path}/fit.db"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    from pipelined_lm import free_port
+
+    # a port of its own, as the other process-launching tests take (Lightning's own pick can
+    # race another xdist worker's launch for the same free port and join its rendezvous)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "final loss" in out.stdout
