@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
@@ -56,54 +56,58 @@ def _remember(caught: Caught, signum: int) -> None:
     _last.append(caught.name)
 
 
+Handler = Callable[[int, Any], None]
+
+
 @contextmanager
-def signals_stop(stop: threading.Event) -> Iterator[Caught]:
-    """Inside the block SIGINT and SIGTERM set ``stop`` and are remembered in the ``Caught``
-    yielded; a second signal falls back to the previous handlers (the default: end now).
-    Outside the main thread nothing is installed (signals only reach the main thread)."""
+def _handling(make: Callable[[Caught, dict[signal.Signals, Any]], Handler]) -> Iterator[Caught]:
+    """Inside the block SIGINT and SIGTERM go to the handler ``make(caught, previous)`` returns;
+    the previous handlers come back after it. Outside the main thread nothing is installed
+    (signals only reach the main thread)."""
     caught = Caught()
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
     previous: dict[signal.Signals, Any] = {}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if caught.signum is None:
-            _remember(caught, signum)
-            stop.set()
-        for sig, handler in previous.items():  # a second signal ends the process as before
-            signal.signal(sig, handler)
-
+    handler = make(caught, previous)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, on_signal)
+        previous[sig] = signal.signal(sig, handler)
     try:
         yield caught
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
-@contextmanager
-def terminate_as_interrupt() -> Iterator[Caught]:
+def signals_stop(stop: threading.Event) -> AbstractContextManager[Caught]:
+    """Inside the block SIGINT and SIGTERM set ``stop`` and are remembered in the ``Caught``
+    yielded; a second signal falls back to the previous handlers (the default: end now)."""
+
+    def make(caught: Caught, previous: dict[signal.Signals, Any]) -> Handler:
+        def on_signal(signum: int, frame: Any) -> None:
+            if caught.signum is None:
+                _remember(caught, signum)
+                stop.set()
+            for sig, handler in previous.items():  # a second signal ends the process as before
+                signal.signal(sig, handler)
+
+        return on_signal
+
+    return _handling(make)
+
+
+def terminate_as_interrupt() -> AbstractContextManager[Caught]:
     """Inside the block SIGTERM raises ``KeyboardInterrupt`` like SIGINT (in the main thread;
     the ``Caught`` yielded names the signal)."""
-    caught = Caught()
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    previous: dict[signal.Signals, Any] = {}
 
-    def on_signal(signum: int, frame: Any) -> None:
-        _remember(caught, signum)
-        raise KeyboardInterrupt
+    def make(caught: Caught, previous: dict[signal.Signals, Any]) -> Handler:
+        def on_signal(signum: int, frame: Any) -> None:
+            _remember(caught, signum)
+            raise KeyboardInterrupt
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, on_signal)
-    try:
-        yield caught
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        return on_signal
+
+    return _handling(make)
 
 
 @dataclass
