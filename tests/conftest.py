@@ -63,3 +63,23 @@ def deterministic_cpsat(
 
     monkeypatch.setattr(cp_model.CpSolver, "solve", solve)
     yield
+
+
+# A test leaves the environment as it found it. Lightning's popen launcher writes LOCAL_RANK,
+# NODE_RANK, WORLD_SIZE and MASTER_* into ``os.environ`` of the process that calls ``fit``; left
+# in a test worker, they reach every later subprocess a test starts from ``os.environ``, and a
+# script given LOCAL_RANK=0 believes its ranks are launched from outside, starts no rank 1 and
+# waits for it at the rendezvous for ever (a hang CI saw).
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept() -> Iterator[None]:
+    import os
+
+    before = dict(os.environ)
+    yield
+    for key in (os.environ.keys() | before.keys()) - {"PYTEST_CURRENT_TEST"}:
+        if key not in before:
+            del os.environ[key]
+        elif os.environ.get(key) != before[key]:
+            os.environ[key] = before[key]
