@@ -59,7 +59,7 @@ def test_the_fill_beats_pipeoffload_where_its_warm_up_waits(tmp_path: Path) -> N
         assert limit is not None and peak <= limit * (1 + 1e-9)
     _check_rows(pb, rows)
     per, rounds, _ = label.split("/")
-    assert 1 <= int(per) and 1 <= int(rounds) < pb.num_chunks
+    assert int(per) >= 1 and 1 <= int(rounds) < pb.num_chunks
     # deterministic: the same rows each time; fewer tries find no more
     again_found = warmup_fill.best_fill(pb, base.actions, max_tries=56)
     assert again_found is not None and again_found[0] == rows and again_found[2] == label
