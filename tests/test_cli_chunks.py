@@ -176,6 +176,8 @@ def test_a_schedule_solved_on_a_rechunking_simulates_against_the_problem(tmp_pat
         assert res.exit_code == 0, res.output
     other = write(tmp_path, "o.json", {**LAYERED, "t_f": 2.0})
     one_line_error(["simulate", str(other), str(bare)], "not a re-chunking of it")
+    trace_args = ["trace", str(bare), "--problem", str(other), "--out", str(tmp_path / "t.json")]
+    one_line_error(trace_args, "not a re-chunking of it); give the problem file it was made for")
 
 
 def test_a_rechunked_schedule_goes_through_the_database(tmp_path: Path) -> None:
