@@ -57,7 +57,7 @@ stopped at the deadline finishes its current step first (PipeOffload's bisection
 1.8 s at 64 x 1024 x 1, V-Min's squeeze 2.8 s at 64 x 512 x 2 on a busy machine), then one
 simulation and the output. The solver is given the command's limit less this
 (``wind_down_reserve``: 1.3 s at the largest size, 0.66 s at 16,384 units)."""
-STRONGEST_SHARE: Final = 0.7
+STRONGEST_SHARE: Final = 0.85
 """The share of ``compare``'s limit until which its strongest baselines may run (the others stop
 at half)."""
 MAX_TIME_LIMIT: Final = 7 * 86400.0

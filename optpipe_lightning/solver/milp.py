@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,41 @@ class MilpOutcome:
     starts: dict[OpKey, int] = field(default_factory=dict)
     ends: dict[OpKey, int] = field(default_factory=dict)
     message: str | None = None
+
+
+MILP_MAX_VARIABLES = 1_000_000
+"""The largest MILP built (HiGHS, Gurobi). The model is Python lists in the command's process,
+about 1 KB per variable (0.36 GB at 248k variables, 8 x 16 x 2; 3.6 GB at 16 x 32 x 4 with
+offload, issue 32, where its build took most of a 95 s HiGHS run against a 60 s limit), so at
+most about 1 GB; the HiGHS child that solves it is capped at ``HIGHS_MEMORY_BYTES``. Larger
+models are not built (``ModelNotBuilt``): the solve keeps its best schedule and says why."""
+
+
+class ModelNotBuilt(Exception):
+    """The MILP was not built: larger than ``MILP_MAX_VARIABLES``, or its build reached the
+    deadline (or a stop) first. The message says which, in one line."""
+
+
+def memory_check_binaries(problem: Problem) -> int:
+    """How many binaries the memory checks alone need (each allocation event against every
+    other event of its device): a lower bound of the MILP's size that needs no build."""
+    limits = problem.memory_limits()
+    ob = problem.cost("offload_bytes")
+    use_off = problem.offload is not None and any(x is not None for x in limits)
+    m_f, m_b, m_w = (problem.cost(n) for n in ("m_f", "m_b", "m_w"))
+    m = problem.num_microbatches
+    total = 0
+    for s, lim in enumerate(limits):
+        if lim is None:
+            continue
+        events = allocs = 0
+        for c in range(problem.num_chunks):
+            offl = use_off and ob[s, c] > 0
+            deltas = [m_f[s, c], m_b[s, c], m_w[s, c]] + ([-1.0, 1.0] if offl else [])
+            events += m * sum(1 for d in deltas if d != 0)
+            allocs += m * sum(1 for d in deltas if d > 0)
+        total += allocs * max(0, events - 1)
+    return total
 
 
 # an event: (start var, constant, delta, active var or -1)
@@ -110,15 +146,43 @@ class LinearModel:
 
 
 def build_milp(
-    problem: Problem, tm: TickModel, *, horizon: int, lower_bound: int, tight: bool = True
+    problem: Problem,
+    tm: TickModel,
+    *,
+    horizon: int,
+    lower_bound: int,
+    tight: bool = True,
+    max_variables: int | None = None,
+    deadline: float | None = None,
+    stop: threading.Event | None = None,
 ) -> LinearModel:
     """The MILP of a problem in ticks, with all ops ending by ``horizon``.
 
     ``tight``: only timings the simulator reproduces (``cpsat.tight_options``), as the
-    CP-SAT model does, so both backends have the same optimum.
+    CP-SAT model does, so both backends have the same optimum. Raises ``ModelNotBuilt`` when
+    the model would have more than ``max_variables`` variables (None: no limit; checked
+    before building where ``memory_check_binaries`` tells, else as it grows), or at
+    ``deadline`` (a ``time.perf_counter()`` value) or ``stop``: checked between steps of at
+    most one device's ops each, so a build never runs much past it.
     """
     pb = problem
     lm = LinearModel()
+    if max_variables is not None and memory_check_binaries(pb) > max_variables:
+        raise ModelNotBuilt(
+            f"its MILP would have more than {max_variables:,} variables (at least "
+            f"{memory_check_binaries(pb):,} for the memory checks alone)"
+        )
+
+    def check() -> None:
+        if max_variables is not None and len(lm.lb) > max_variables:
+            raise ModelNotBuilt(f"its MILP has more than {max_variables:,} variables")
+        if (deadline is not None and time.perf_counter() > deadline) or (
+            stop is not None and stop.is_set()
+        ):
+            raise ModelNotBuilt(
+                f"its MILP was not built by the deadline ({len(lm.lb):,} variables so far)"
+            )
+
     p, v, m = pb.num_stages, pb.num_chunks, pb.num_microbatches
     G = p * v
     table = pb.group_table
@@ -168,6 +232,7 @@ def build_milp(
 
     for g in range(G):
         s, c = table[g]
+        check()
         for j in range(m):
             F, B, W = ("F", s, c, j), ("B", s, c, j), ("W", s, c, j)
             deps.setdefault(F, [])
@@ -233,6 +298,7 @@ def build_milp(
     for s in range(p):
         ops = [k for k in S if k[1] == s and k[0] in ("F", "B", "W")]
         for i, a in enumerate(ops):
+            check()
             for b in ops[i + 1 :]:
                 if b in reachable(a) or a in reachable(b):
                     continue
@@ -243,6 +309,7 @@ def build_milp(
     # copy-lane disjunctions (both transfers active)
     for lst in transfers.values():
         for i, (ta, oa) in enumerate(lst):
+            check()
             for tb, ob_ in lst[i + 1 :]:
                 if ta[1:] == tb[1:]:
                     continue  # OFFLOAD before RELOAD of one activation already
@@ -266,6 +333,7 @@ def build_milp(
             return lm.offload[(k[1], k[2], k[3])] if k[0] in ("OFFLOAD", "RELOAD") else -1
 
         for key, opts in tight_options(pb, list(S), deps, None).items():
+            check()
             lits: dict[int, float] = {}
             for pred, lag in opts:
                 t = lm.var(0, 1, True)
@@ -296,6 +364,7 @@ def build_milp(
         for ie, (ve, ce, de, ae) in enumerate(ev):
             if de <= 0:
                 continue
+            check()
             coef: dict[int, float] = {}
             rhs = lim
             if ae >= 0:  # only checked when this (optional) event happens
@@ -325,6 +394,7 @@ def build_milp(
                     if a2 >= 0:
                         lm.row({a2: 1.0, x: -1.0}, 0.0, float("inf"))
             lm.row(coef, -float("inf"), rhs - const)
+    check()
     return lm
 
 
@@ -339,8 +409,16 @@ def solve_milp(
     workers: int,
     on_solution: SolutionFn | None,
     stop: threading.Event | None,
+    deadline: float | None = None,
 ) -> MilpOutcome:
+    """Solve a built model with ``backend`` for at most ``time_limit`` seconds, and never past
+    ``deadline`` (a ``time.perf_counter()`` value: what the start's completion took counts)."""
     start = lm.complete_start(*hint) if hint is not None else None
+    if deadline is not None:
+        left = deadline - time.perf_counter()
+        if left <= 0:  # the build and the start took it all: no child started
+            return MilpOutcome("unknown", None, None, message="no time left after the build")
+        time_limit = max(0.01, min(time_limit, left))
     if backend == "gurobi":
         return _solve_gurobi(lm, start, time_limit, gap_target, seed, workers, on_solution, stop)
     if backend == "highs":
