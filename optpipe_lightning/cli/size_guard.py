@@ -19,6 +19,10 @@ room) plus twice the wind-down reserve of 40 us per unit: 6.6 s at the largest s
 16,384 units, 0.5 s at 4,096; twice that for ``compare``, whose baselines take the first half
 of its limit. The solver gets the command's limit less the reserve. A refusal is one line naming the size, the largest the command takes
 and what to do.
+
+Memory: the MILP backends (``--solver highs|gurobi``) build their model only up to
+``solver.milp.MILP_MAX_VARIABLES`` (1,000,000 variables, about 1 GB in the command's process;
+HiGHS then solves it in a child capped at 4 GiB); a larger model is skipped with a note.
 """
 
 from __future__ import annotations
