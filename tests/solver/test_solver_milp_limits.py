@@ -66,5 +66,7 @@ def test_highs_holds_a_small_limit_on_a_big_model(monkeypatch: pytest.MonkeyPatc
     res = solve(pb, backend="highs", time_limit=4, workers=1, use_baselines=False, lns=False)
     took = time.perf_counter() - t
     assert res.schedule.evaluation.feasible  # type: ignore[union-attr]
-    # the limit, the HiGHS child's second to stop (``HIGHS_KILL_AFTER``) and a wind-down
-    assert took < 4 + milp.HIGHS_KILL_AFTER + 1.5, (took, res.schedule.params["phase_seconds"])
+    # the limit, the HiGHS child's second to stop (``HIGHS_KILL_AFTER``) and a wind-down wide
+    # enough for a busy CI machine (one build step between deadline checks; before, the build
+    # alone ran 95 s against a 60 s limit)
+    assert took < 4 + milp.HIGHS_KILL_AFTER + 8, (took, res.schedule.params["phase_seconds"])
