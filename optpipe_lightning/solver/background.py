@@ -63,7 +63,8 @@ def main() -> None:
     threading.Thread(target=watch, daemon=True).start()
     try:
         from ..schedule import Problem
-        from . import Incumbent, solve
+        from .results import Incumbent
+        from .solve import solve
 
         problem = Problem.model_validate_json(request["problem"])
 

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from ..schedule.baselines import make_schedule
 from ..schedule.baselines._gis_order import gis_order, group_sizes
 from ..schedule.baselines._listsched import offload_to_fit
-from ..schedule.baselines._offload_grid import RULES, GridError, place_copies
-from ..schedule.baselines.pipeoffload import Member, _plan
+from ..schedule.baselines._offload_grid import RULES
 from ..schedule.problem import Problem
 from ..schedule.schedule import Schedule
 from ..schedule.simulator import simulate
+from .grid_fit import grid_fits
 
 
 def applies(problem: Problem) -> bool:
@@ -45,7 +45,7 @@ def extra_members(
     (``time.perf_counter()``)."""
     if not applies(problem):
         return
-    p, v = problem.num_stages, problem.num_chunks
+    p = problem.num_stages
     published = set(group_sizes(problem))
 
     def late() -> bool:
@@ -73,25 +73,11 @@ def extra_members(
             best = base_ms
             yield make_schedule(problem, "optpipe", rows, {"group_size": g, "offload_chunks": 0})
             continue
-        for rule in RULES if g not in published else ():
-            try:
-                plan = _plan(problem, Member(g, 1, rule), rows, base)
-            except GridError:
-                continue
-            for k in range(1, v + 1):
-                if late():
-                    return
-                try:
-                    with_copies, _ = place_copies(problem, plan, k, rule)
-                except GridError:
-                    break
-                res = simulate(problem, with_copies)
-                if res.feasible and res.makespan is not None:
-                    if res.makespan < best * (1 - 1e-9):
-                        best = res.makespan
-                        member = {"group_size": g, "offload_chunks": k, "rule": rule}
-                        yield make_schedule(problem, "optpipe", with_copies, member)
-                    break  # more chunks only add copies
+        for fit in grid_fits(problem, g, rows, base, RULES if g not in published else (), late):
+            if fit.makespan < best * (1 - 1e-9):
+                best = fit.makespan
+                member = {"group_size": g, "offload_chunks": fit.offload_chunks, "rule": fit.rule}
+                yield make_schedule(problem, "optpipe", fit.rows, member)
         if late():
             return
         plan_fit, _why = offload_to_fit(problem, rows, base_result=base)

@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from ..schedule.baselines import make_schedule
 from ..schedule.baselines._gis_order import min_group_size
 from ..schedule.baselines._listsched import offload_to_fit
-from ..schedule.baselines._offload_grid import RULES, GridError, place_copies
-from ..schedule.baselines.pipeoffload import Member, _plan
+from ..schedule.baselines._offload_grid import RULES
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import simulate
 from .gis_search import applies
+from .grid_fit import grid_fits
 
 Rows = list[list[Action]]
 # W delays tried, in slots (3 slots per microbatch of a group)
@@ -111,13 +111,16 @@ def members(
     ``max_tries`` simulations."""
     if not applies(problem):
         return
-    v = problem.num_chunks
     tries = 0
 
     def late() -> bool:
         if max_tries is not None and tries >= max_tries:
             return True
         return deadline is not None and time.perf_counter() > deadline
+
+    def count() -> None:
+        nonlocal tries
+        tries += 1
 
     bases = []
     for params, rows in variants(problem):
@@ -136,26 +139,11 @@ def members(
             best = base_ms
             yield make_schedule(problem, "optpipe", rows, {**params, "offload_chunks": 0})
             continue
-        for rule in RULES:
-            try:
-                plan = _plan(problem, Member(params["group_size"], 1, rule), rows, base)
-            except GridError:
-                continue
-            for k in range(1, v + 1):
-                if late():
-                    return
-                try:
-                    with_copies, _ = place_copies(problem, plan, k, rule)
-                except GridError:
-                    break
-                tries += 1
-                res = simulate(problem, with_copies)
-                if res.feasible and res.makespan is not None:
-                    if res.makespan < best * (1 - _REL):
-                        best = res.makespan
-                        member = {**params, "offload_chunks": k, "rule": rule}
-                        yield make_schedule(problem, "optpipe", with_copies, member)
-                    break  # more chunks only add copies
+        for fit in grid_fits(problem, params["group_size"], rows, base, RULES, late, count):
+            if fit.makespan < best * (1 - _REL):
+                best = fit.makespan
+                member = {**params, "offload_chunks": fit.offload_chunks, "rule": fit.rule}
+                yield make_schedule(problem, "optpipe", fit.rows, member)
         if late():
             return
         tries += 1

@@ -5,7 +5,8 @@ and offered the user's hint and candidates): run the offload-aware list schedule
 search over their parameters from the best ones (``rule_search``), the offload repair and the
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
 search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
-its warm-up depth and W delay; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
+forwards; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
@@ -337,10 +338,11 @@ def run_pipeline(
 
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
     """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
-    order knobs (``order_search``: warm-up depth, W delay), then the local
-    search over the best schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
+    order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
+    filled with later forwards (``warmup_fill``), then the local search over the best
+    schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
     the time left; each improvement is offered."""
-    from . import action_search, gis_search, order_search
+    from . import action_search, gis_search, order_search, warmup_fill
 
     until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
     if gis_search.applies(problem):
@@ -357,6 +359,23 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
                 max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
             ):
                 best.offer(sched, "search:order")
+    if args.stopped() or best.schedule is None or time.perf_counter() >= until:
+        return
+    det = args.deterministic_time is not None
+    with budget.phase("search: warm-up fill"):
+        source = best.source
+        found = warmup_fill.best_fill(
+            problem,
+            best.schedule.actions,
+            deadline=None if det else until,
+            max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
+        )
+        if found is not None:
+            rows, _res, label = found
+            best.offer(
+                make_schedule(problem, "optpipe", rows, {"from": source, "fill": label}),
+                f"search:fill:{source}",
+            )
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     source = best.source

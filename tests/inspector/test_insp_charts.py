@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from optpipe_lightning.cli.demo import demo_profile
-from optpipe_lightning.inspector import charts, frames, training_charts
+from optpipe_lightning.inspector import charts, frames, profile_charts, training_charts
 from optpipe_lightning.inspector import training_frames as tf
 from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -204,7 +204,7 @@ def test_profile_chart_never_a_bare_tick() -> None:
     f00 = df[(df.stage == 0) & (df.chunk == 0) & (df.kind == "F")].iloc[0]
     assert f00["mean"] == pytest.approx(9.0)
     assert (f00["min"], f00["max"]) == pytest.approx((0.94 * 9.0, 1.09 * 9.0))
-    spec, rows = spec_and_rows(charts.profile_chart(df, unit="ms"))
+    spec, rows = spec_and_rows(profile_charts.profile_chart(df, unit="ms"))
     assert spec["facet"]["column"]["field"] == "chunk"
     bar, whisker = spec["spec"]["layer"]
     assert bar["mark"]["type"] == "bar" and bar["encoding"]["y"]["field"] == "mean"
@@ -215,7 +215,9 @@ def test_profile_chart_never_a_bare_tick() -> None:
     assert len(rows) == 18
     acts = frames.activation_frame(prof.stages)
     assert acts[(acts.what == "offloadable")]["bytes"].max() == pytest.approx(0.5e9)
-    a_spec = charts.activation_chart(acts.assign(value=acts["bytes"] / 1e9), unit="GB").to_dict()
+    a_spec = profile_charts.activation_chart(
+        acts.assign(value=acts["bytes"] / 1e9), unit="GB"
+    ).to_dict()
     assert a_spec["encoding"]["xOffset"]["field"] == "what"
     assert a_spec["encoding"]["y"]["title"] == "bytes (GB)"
 

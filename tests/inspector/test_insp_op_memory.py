@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from optpipe_lightning.inspector import charts, frames
+from optpipe_lightning.inspector import frames, profile_charts
 from optpipe_lightning.schedule.profile import OpMemory, OpStats, StageProfile
 
 
@@ -46,7 +46,7 @@ def test_the_frame_puts_the_measurement_beside_the_rule() -> None:
 def test_the_chart_draws_measured_and_rule_bars() -> None:
     measured = OpMemory(f=120.0, b=-50.0, w=-60.0)
     df = frames.op_memory_frame([_stage(0, measured), _stage(1, None)])
-    spec = charts.op_memory_chart(df, unit="B").to_dict()
+    spec = profile_charts.op_memory_chart(df, unit="B").to_dict()
     values = spec["datasets"][next(iter(spec["datasets"]))]
     sources = {(v["stage"], v["op"], v["source"]) for v in values}
     assert (0, "F", "measured") in sources and (0, "F", "rule") in sources

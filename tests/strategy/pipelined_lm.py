@@ -26,6 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from fit_helpers import cpu_trainer
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -143,17 +144,9 @@ class MetricsRecorder(pl.Callback):
 
 
 def trainer(devices: int, strategy: Any = "auto", **kwargs: Any) -> pl.Trainer:
+    """``fit_helpers.cpu_trainer``, two epochs unless told."""
     kwargs.setdefault("max_epochs", 2)
-    kwargs.setdefault("enable_checkpointing", False)
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    return cpu_trainer(devices, strategy, **kwargs)
 
 
 def run_session(

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from bigmodel_lm import N_LAYERS, SEED, BigLM, loss_fn, one_device, reference, run
+from fit_helpers import assert_same_state, cpu_trainer, fork_strategy
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -67,20 +68,14 @@ class Probe(pl.Callback):
 def _trainer(
     devices: int, steps: int, callbacks: list[Any], validate: bool = False, **opts: Any
 ) -> pl.Trainer:
-    opts.setdefault("use_database", False)
     opts.setdefault("profile_steps", 0)
     opts.setdefault("repartition", False)
-    opts.setdefault("online_resolve", False)
-    strategy = OptPipeStrategy(num_microbatches=4, start_method="fork", **opts)
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
+    strategy = fork_strategy(num_microbatches=4, **opts)
+    return cpu_trainer(
+        devices,
+        strategy,
         max_steps=steps,
-        logger=False,
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=1.0 if validate else 0,
         callbacks=callbacks,
@@ -118,12 +113,6 @@ def _shard_keys(path: Path) -> dict[str, set[str]]:
     return out
 
 
-def _assert_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0)
-
-
 @pytest.mark.dist
 def test_own_layers_only_then_sharded_resume_on_four_stages(tmp_path: Path) -> None:
     ref_losses, ref_state = reference(3)
@@ -153,7 +142,7 @@ def test_own_layers_only_then_sharded_resume_on_four_stages(tmp_path: Path) -> N
     assert len(_shard_keys(tmp_path / "resumed" / "final.ckpt")) == 4
     # one ordinary Lightning checkpoint for export; it resumes through the one-file path
     whole = consolidate(tmp_path / "resumed" / "final.ckpt")
-    _assert_state(whole["state_dict"], ref_state)
+    assert_same_state(whole["state_dict"], ref_state)
     assert whole["global_step"] == 3 and whole["optpipe"]["num_stages"] == 4
     out = convert(ckpt, tmp_path / "first.ckpt")
     again = fit(
@@ -168,7 +157,7 @@ def test_own_layers_only_then_sharded_resume_on_four_stages(tmp_path: Path) -> N
     )
     assert again[0]["losses"] == pytest.approx(ref_losses[2:], abs=1e-5)
     final = torch.load(tmp_path / "again" / "final.ckpt", weights_only=False)
-    _assert_state(final["state_dict"], ref_state)
+    assert_same_state(final["state_dict"], ref_state)
 
 
 @pytest.mark.dist
@@ -179,7 +168,7 @@ def test_model_checkpoint_writes_shards_and_validate_and_test_resume_them(tmp_pa
     trainer = _trainer(2, 2, [saver], num_stages=2, schedule="1f1b", full_model_after_fit=True)
     trained_here = BigLM()
     trainer.fit(trained_here)
-    _assert_state(trained_here.state_dict(), ref_state)  # asked for: the whole trained model
+    assert_same_state(trained_here.state_dict(), ref_state)  # asked for: the whole trained model
     written = sorted((tmp_path / "ckpts").iterdir())
     assert [p.name for p in written] == ["epoch=1-step=2.ckpt"] and is_sharded(written[0])
     assert len(_shard_keys(written[0])) == 2
@@ -216,7 +205,7 @@ def test_layers_change_ranks_with_their_optimizer_state_when_the_chunking_change
     assert sum(r["held_at_end"] for r in out) == total
     assert out[0]["held_at_end"] != out[0]["own_bytes"]  # rank 0's layers did change
     whole = consolidate(tmp_path / "v" / "final.ckpt")
-    _assert_state(whole["state_dict"], ref_state)
+    assert_same_state(whole["state_dict"], ref_state)
 
 
 @pytest.mark.dist
@@ -235,7 +224,7 @@ def test_four_stages_and_two_replicas_start_from_one_devices_weights(tmp_path: P
     assert replicas[0]["own"] == replicas[2]["own"] and replicas[1]["own"] == replicas[3]["own"]
     for r in replicas:  # each replica trains on half the batch; their mean is one device's
         assert r["losses"] == pytest.approx(ref_losses, abs=1e-5)
-    _assert_state(consolidate(tmp_path / "dp" / "final.ckpt")["state_dict"], ref_state)
+    assert_same_state(consolidate(tmp_path / "dp" / "final.ckpt")["state_dict"], ref_state)
 
 
 class BuiltInInit(BigLM):

@@ -13,22 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from fit_helpers import fingerprints
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.strategy.records.run_log import RunLog
-
-
-def _fingerprints() -> tuple[Any, Any]:
-    from optpipe_lightning.strategy.scheduling.profiler import (
-        hardware_fingerprint,
-        model_fingerprint,
-    )
-
-    layers = [nn.Linear(4, 4), nn.Linear(4, 4)]
-    hw = hardware_fingerprint(torch.device("cpu"), 2, "gloo")
-    return hw, model_fingerprint("m", layers, 2, 2, 1, [1, 1])
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -43,7 +32,7 @@ def _started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunLog, P
     monkeypatch.setenv("OPTPIPE_RECORDS_DIR", str(tmp_path))
     db = tmp_path / "runs.db"
     log = RunLog(f"sqlite:///{db}", enabled=True, flush_seconds=1e9)
-    log.start_run(*_fingerprints(), {})
+    log.start_run(*fingerprints(), {})
     pb = Problem(num_stages=2, num_microbatches=4, t_f=1e-3, t_b=1e-3, t_w=1e-3)
     log.record_switch(0, generate("1f1b", pb), pb, "profiled")
     log.record_step(1, 0.3, 0.29, [])
@@ -120,7 +109,7 @@ def test_a_database_that_cannot_be_opened_keeps_the_records_in_the_fallback_file
     with caplog.at_level(logging.WARNING):
         log = RunLog(f"sqlite:///{fifo}", enabled=True, flush_seconds=1e9)
     assert log.active and log.db is None and log.fallback is not None
-    log.start_run(*_fingerprints(), {"schedule": "1f1b"})
+    log.start_run(*fingerprints(), {"schedule": "1f1b"})
     _goes_on(log, caplog, "cannot open the database")
     assert _records(log.fallback)[0]["kind"] == "run"
 

@@ -3,19 +3,17 @@ processes equals one device (``examples/train_llama_hf.py``, ``strategy/runtime/
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
+from fit_helpers import SaveFinal, assert_same_state, cpu_trainer, final_state, fork_strategy
 from torch import nn
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
 from optpipe_lightning.strategy import ContractError
-from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -26,41 +24,19 @@ from optpipe_lightning.strategy import causal_lm_layers
 STEPS, M = 3, 4
 
 
-class Saver(pl.Callback):
-    def __init__(self, out: str) -> None:
-        self.out = out
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        trainer.save_checkpoint(os.path.join(self.out, "final.ckpt"))
-
-
 def fit(tmp: Path, devices: int, schedule: str, **module_kw: Any) -> dict[str, torch.Tensor]:
-    strategy = OptPipeStrategy(
-        num_stages=devices,
-        num_microbatches=M,
-        schedule=schedule,
-        start_method="fork",
-        online_resolve=False,
-        use_database=False,
-        profile_steps=1,
+    strategy = fork_strategy(
+        num_stages=devices, num_microbatches=M, schedule=schedule, profile_steps=1
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
+    trainer = cpu_trainer(
+        devices,
+        strategy,
         max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         use_distributed_sampler=False,
-        callbacks=[Saver(str(tmp))],
+        callbacks=[SaveFinal(str(tmp))],
     )
     trainer.fit(example.LlamaLM(samples=8 * STEPS, **module_kw))
-    state: dict[str, torch.Tensor] = torch.load(tmp / "final.ckpt", weights_only=False)[
-        "state_dict"
-    ]
-    return state
+    return final_state(tmp)
 
 
 @pytest.mark.dist
@@ -73,9 +49,7 @@ def test_hf_llama_pipelined_equals_one_device(
 ) -> None:
     state = fit(tmp_path, devices, schedule, attn=attn)
     ref = example.one_device(STEPS, M, attn=attn, samples=8 * STEPS)
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0, msg=k)
+    assert_same_state(state, ref)
 
 
 def test_layers_chain_equals_the_model_forward() -> None:

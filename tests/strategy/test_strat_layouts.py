@@ -20,6 +20,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import pytest
 import torch
+from fit_helpers import ChainModule, SaveFinal, assert_same_state, final_state, fork_strategy, mse
 from pipelined_lm import launch, trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -55,26 +56,10 @@ def _layers(kind: str) -> list[nn.Module]:
     return [Transposed() if i % 2 == 0 else nn.Linear(D, D) for i in range(6)]
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.mse_loss(out, y)
-
-
-class Model(pl.LightningModule):
+class Model(ChainModule):
     def __init__(self, kind: str) -> None:
-        super().__init__()
+        super().__init__(_layers(kind))
         self.kind = kind
-        self.blocks = nn.ModuleList(_layers(kind))
-
-    def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=list(self.blocks), loss_fn=_loss)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(3)
@@ -90,47 +75,28 @@ def reference(kind: str) -> dict[str, torch.Tensor]:
     for _ in range(STEPS):
         opt.zero_grad()
         for xm, ym in zip(x.chunk(M), y.chunk(M), strict=True):
-            (_loss(model(xm), ym) / M).backward()
+            (mse(model(xm), ym) / M).backward()
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-class Saver(pl.Callback):
-    def __init__(self, out: str) -> None:
-        self.out = out
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        trainer.save_checkpoint(os.path.join(self.out, "final.ckpt"))
 
 
 def fit(tmp: Path, kind: str, devices: int = 2, **opts: Any) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     opts.setdefault("profile_steps", 0)
-    strategy = OptPipeStrategy(
-        num_stages=devices,
-        num_microbatches=M,
-        start_method="fork",
-        online_resolve=False,
-        use_database=False,
-        repartition=False,
-        **opts,
-    )
+    strategy = fork_strategy(num_stages=devices, num_microbatches=M, repartition=False, **opts)
     tr = trainer(
         devices,
         strategy,
         max_steps=STEPS,
         max_epochs=None,
-        callbacks=[Saver(str(tmp))],
+        callbacks=[SaveFinal(str(tmp))],
         use_distributed_sampler=False,
     )
     tr.fit(Model(kind))
 
 
 def check(tmp: Path, ref: dict[str, torch.Tensor]) -> None:
-    state = torch.load(tmp / "final.ckpt", weights_only=False)["state_dict"]
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0)
+    assert_same_state(final_state(tmp), ref)
 
 
 @pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zbv"])
@@ -175,7 +141,7 @@ class BatchNormModel(pl.LightningModule):
         )
 
     def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=list(self.blocks), loss_fn=_loss)
+        return PipelineSpec(layers=list(self.blocks), loss_fn=mse)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from fit_helpers import assert_same_state, cpu_trainer, final_state, fork_strategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -114,29 +115,14 @@ def fit(tmp: Path, steps: int, ckpt: str | None = None, **opts: Any) -> list[dic
     # re-balancing by profiled per-layer costs is timing-dependent on these microsecond layers;
     # the tests that want it say so (test_profiled_costs_repartition_without_changing_numbers)
     opts.setdefault("repartition", False)
-    strategy = OptPipeStrategy(
-        num_stages=2, num_microbatches=M, start_method="fork", online_resolve=False, **opts
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Recorder(str(tmp))],
-    )
+    strategy = fork_strategy(num_stages=2, num_microbatches=M, **opts)
+    trainer = cpu_trainer(2, strategy, max_steps=steps, callbacks=[Recorder(str(tmp))])
     trainer.fit(TinyModel(), ckpt_path=ckpt)
     return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def check_final(tmp: Path, ref: dict[str, torch.Tensor]) -> None:
-    state = torch.load(tmp / "final.ckpt", weights_only=False)["state_dict"]
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0)
+    assert_same_state(final_state(tmp), ref)
 
 
 @pytest.mark.dist
@@ -251,16 +237,7 @@ def test_memory_limit_nothing_fits_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def _trainer(strategy: OptPipeStrategy, devices: int = 2) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return cpu_trainer(devices, strategy, max_steps=1)
 
 
 def test_model_without_hook_is_one_clear_error() -> None:
@@ -338,29 +315,17 @@ def test_online_resolve_switches_at_a_step_boundary_and_changes_no_numbers(
     ref_losses, ref_state = reference(7)
     out = tmp_path / "r"
     out.mkdir()
-    strategy = OptPipeStrategy(
+    strategy = fork_strategy(
         num_stages=2,
         num_microbatches=M,
-        start_method="fork",
         schedule="optimal",
         online_resolve=True,
         profile_steps=1,
         repartition=False,  # timing-dependent on these tiny layers
-        use_database=False,
         solver_time_limit=2.0,
         resolve_start_method="fork",
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        max_steps=7,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[WaitForSolver(), Recorder(str(out))],
-    )
+    trainer = cpu_trainer(2, strategy, max_steps=7, callbacks=[WaitForSolver(), Recorder(str(out))])
     trainer.fit(TinyModel())
     ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
@@ -428,26 +393,14 @@ def test_lightning_clipping_accumulation_and_validation(tmp_path: Path) -> None:
 
     out = tmp_path / "c"
     out.mkdir()
-    strategy = OptPipeStrategy(
-        num_stages=2,
-        num_microbatches=M,
-        start_method="fork",
-        schedule="zbv",
-        profile_steps=0,
-        use_database=False,
-        online_resolve=False,
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
+    strategy = fork_strategy(num_stages=2, num_microbatches=M, schedule="zbv", profile_steps=0)
+    # (no model summary: the sanity-check validation runs before any training)
+    trainer = cpu_trainer(
+        2,
+        strategy,
         max_epochs=2,
         accumulate_grad_batches=2,
         gradient_clip_val=0.05,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,  # the sanity-check validation runs before any training
         callbacks=[Recorder(str(out)), ValRecorder(str(out))],
     )
     trainer.fit(TwoBatchModel())
@@ -469,27 +422,15 @@ def test_lightning_two_stages_by_two_replicas(tmp_path: Path) -> None:
     ref_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = tmp_path / "dp"
     out.mkdir()
-    strategy = OptPipeStrategy(
-        num_stages=2,
-        data_parallel=2,
-        num_microbatches=M,
-        start_method="fork",
-        schedule="1f1b",
-        profile_steps=0,
-        use_database=False,
-        online_resolve=False,
+    strategy = fork_strategy(
+        num_stages=2, data_parallel=2, num_microbatches=M, schedule="1f1b", profile_steps=0
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=4,
-        strategy=strategy,
+    trainer = cpu_trainer(
+        4,
+        strategy,
         max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        enable_model_summary=False,
         callbacks=[Recorder(str(out))],
     )
     trainer.fit(TwoBatchModel())
@@ -548,26 +489,8 @@ def test_profiled_costs_repartition_without_changing_numbers(
     ref_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = tmp_path / "rp"
     out.mkdir()
-    strategy = OptPipeStrategy(
-        num_stages=2,
-        num_microbatches=M,
-        start_method="fork",
-        schedule="1f1b",
-        profile_steps=1,
-        use_database=False,
-        online_resolve=False,
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        max_steps=6,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Recorder(str(out))],
-    )
+    strategy = fork_strategy(num_stages=2, num_microbatches=M, schedule="1f1b", profile_steps=1)
+    trainer = cpu_trainer(2, strategy, max_steps=6, callbacks=[Recorder(str(out))])
     trainer.fit(HeavyFirstModel())
     check_final(out, ref_state)
     sw = json.loads(Path(out, "rank0.json").read_text())["switches"]

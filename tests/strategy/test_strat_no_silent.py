@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from fit_helpers import assert_same_state, cpu_trainer, fork_strategy
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -205,23 +206,11 @@ def fit(
     opts.setdefault("use_database", False)
     opts.setdefault("profile_steps", 0)
     opts.setdefault("repartition", False)
-    strategy = OptPipeStrategy(
-        num_stages=stages,
-        data_parallel=replicas,
-        num_microbatches=M,
-        start_method="fork",
-        online_resolve=False,
-        **opts,
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=stages * replicas,
-        strategy=strategy,
+    strategy = fork_strategy(num_stages=stages, data_parallel=replicas, num_microbatches=M, **opts)
+    trainer = cpu_trainer(
+        stages * replicas,
+        strategy,
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         gradient_clip_val=clip,
         # every rank sees the whole batch in the DataLoader's order (Lightning's distributed
         # sampler would shuffle it, and batch statistics depend on the grouping; replicas then
@@ -236,13 +225,7 @@ def fit(
 
 
 def _assert_state(model: nn.Module, ref: dict[str, torch.Tensor]) -> None:
-    state = model.state_dict()
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        if v.dtype.is_floating_point:
-            torch.testing.assert_close(state[k], v, atol=2e-5, rtol=0, msg=k)
-        else:
-            assert torch.equal(state[k], v), (k, state[k], v)
+    assert_same_state(model.state_dict(), ref, atol=2e-5)
 
 
 @pytest.mark.dist

@@ -25,12 +25,12 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from fit_helpers import ChainModule, assert_same_state, cpu_trainer, final_state, fork_strategy, mse
 from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import optpipe_lightning  # noqa: F401  (registers "optpipe")
-from optpipe_lightning.strategy import PipelineSpec
 from optpipe_lightning.strategy.lightning.precision import activation_dtype
 from optpipe_lightning.strategy.lightning.strategy import OptPipeStrategy
 
@@ -73,28 +73,12 @@ def _layers() -> list[nn.Module]:
     return out
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.mse_loss(out, y)
-
-
-class Model(pl.LightningModule):
+class Model(ChainModule):
     def __init__(self, poison: bool = False) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_layers())
+        super().__init__(_layers())
         for m in self.blocks.modules():
             if isinstance(m, PoisonLinear):
                 m.poison = poison
-
-    def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=list(self.blocks), loss_fn=_loss)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(7)
@@ -120,7 +104,7 @@ def reference(precision: str, clip: float | None = None) -> tuple[dict[str, torc
         # order the pipeline sums the microbatches' gradients in)
         for xm, ym in zip(x.chunk(M), y.chunk(M), strict=True):
             with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                loss = _loss(model(xm), ym) / M
+                loss = mse(model(xm), ym) / M
             if scaler is not None:
                 scaler.scale(loss).backward()
             else:
@@ -170,25 +154,17 @@ def run(
         kw["plugins"] = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]
     else:
         kw["precision"] = precision
-    strategy = OptPipeStrategy(
+    strategy = fork_strategy(
         num_stages=2,
         num_microbatches=M,
         schedule=schedule,
-        start_method="fork",
-        online_resolve=False,
-        use_database=False,
         profile_steps=profile_steps,
         repartition=False,
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
+    trainer = cpu_trainer(
+        2,
+        strategy,
         max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[Recorder(str(tmp))],
         # the batch in its order (one replica: every stage gets the same data): low precision
         # rounds each microbatch's sums, so the same samples must form the same microbatches
@@ -200,10 +176,7 @@ def run(
 
 
 def check(tmp: Path, ref: dict[str, torch.Tensor], precision: str) -> None:
-    state = torch.load(tmp / "final.ckpt", weights_only=False)["state_dict"]
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k].float(), v, atol=1e-6, rtol=0.0)
+    assert_same_state({k: v.float() for k, v in final_state(tmp).items()}, ref, atol=1e-6)
 
 
 @pytest.mark.dist
@@ -279,38 +252,28 @@ def test_norm_clipping_over_stages_and_replicas(tmp_path: Path) -> None:
     norms = []
     for _ in range(2):  # 2 epochs = 2 optimizer steps
         opt.zero_grad()
-        _loss(model(x), y).backward()
+        mse(model(x), y).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
         opt.step()
     assert min(norms) > 0.05  # the clipping acts
     ref = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    strategy = OptPipeStrategy(
+    strategy = fork_strategy(
         num_stages=2,
         data_parallel=2,
         num_microbatches=M,
         schedule="zb-h1",
-        start_method="fork",
-        online_resolve=False,
-        use_database=False,
         profile_steps=0,
         repartition=False,
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=4,
-        strategy=strategy,
+    trainer = cpu_trainer(
+        4,
+        strategy,
         max_epochs=2,
         accumulate_grad_batches=2,
         gradient_clip_val=0.05,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[Recorder(str(tmp_path))],
     )
     trainer.fit(ReplicaModel())
-    state = torch.load(tmp_path / "final.ckpt", weights_only=False)["state_dict"]
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=0)
+    assert_same_state(final_state(tmp_path), ref)

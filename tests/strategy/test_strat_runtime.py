@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from fit_helpers import fingerprints
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -274,24 +275,13 @@ def test_the_prediction_covers_the_whole_optimizer_step(monkeypatch: pytest.Monk
 # ---- the run log across switches ---------------------------------------------------------------
 
 
-def _fingerprints() -> tuple[Any, Any]:
-    from optpipe_lightning.strategy.scheduling.profiler import (
-        hardware_fingerprint,
-        model_fingerprint,
-    )
-
-    layers = [nn.Linear(4, 4), nn.Linear(4, 4)]
-    hw = hardware_fingerprint(torch.device("cpu"), 2, "gloo")
-    return hw, model_fingerprint("m", layers, 2, 2, 1, [1, 1])
-
-
 def test_run_log_keeps_every_step_across_a_switch_to_another_problem_hash(tmp_path: Path) -> None:
     from optpipe_lightning.profiles_db import open_database
     from optpipe_lightning.profiles_db import repository as repo
 
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     log = RunLog(url, enabled=True, flush_seconds=1e9)  # flushes at switches and the end only
-    log.start_run(*_fingerprints(), {"schedule": "optimal"})
+    log.start_run(*fingerprints(), {"schedule": "optimal"})
     profiled = Problem(num_stages=2, num_microbatches=8, t_f=0.01, t_b=0.01, t_w=0.01)
     calibrated = profiled.with_changes(t_f=0.012)
     baseline = generate("gpipe", profiled)

@@ -10,10 +10,11 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from fit_helpers import assert_same_state, cpu_trainer, fork_strategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from optpipe_lightning.strategy import OptPipeStrategy, PipelineSpec
+from optpipe_lightning.strategy import PipelineSpec
 from optpipe_lightning.strategy.runtime.materialize import build_on_meta, materialise
 
 V, D, T, B, M, SEED, STEPS = 16, 8, 3, 8, 4, 0, 3
@@ -106,32 +107,18 @@ def test_a_meta_built_model_with_an_assigned_tied_weight_trains_as_on_one_device
     ref = one_device(STEPS)
     pl.seed_everything(SEED, verbose=False)
     model = TiedLM()
-    strategy = OptPipeStrategy(
+    strategy = fork_strategy(
         num_microbatches=M,
         schedule=schedule,
-        start_method="fork",
-        online_resolve=False,
-        use_database=False,
         profile_steps=0,
         repartition=False,
         full_model_after_fit=True,
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=stages,
-        strategy=strategy,
+    trainer = cpu_trainer(
+        stages,
+        strategy,
         max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         use_distributed_sampler=False,  # batch statistics: the DataLoader's order, as one device
     )
     trainer.fit(model)
-    state = model.state_dict()
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        if v.dtype.is_floating_point:
-            torch.testing.assert_close(state[k], v, atol=2e-5, rtol=0, msg=k)
-        else:
-            assert torch.equal(state[k], v), (k, state[k], v)
+    assert_same_state(model.state_dict(), ref, atol=2e-5)

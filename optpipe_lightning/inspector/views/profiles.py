@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from optpipe_lightning.inspector import charts, data, frames, ui
+from optpipe_lightning.inspector import data, frames, profile_charts, ui
 from optpipe_lightning.schedule.units import byte_unit, format_bandwidth, time_unit
 
 url = ui.db_url()
@@ -29,13 +29,13 @@ st.subheader("Op times")
 st.caption("Bar: mean; whisker: fastest to slowest sample. Hover for the spread and sample count.")
 tu = time_unit(max((max(sp.f.mean, sp.b.mean, sp.w.mean) for sp in prof.stages), default=0.0))
 times = frames.profile_frame(prof.stages, tu)
-ui.chart(charts.profile_chart(times, unit=tu.name), key="profile_chart")
+ui.chart(profile_charts.profile_chart(times, unit=tu.name), key="profile_chart")
 
 st.subheader("Activation bytes")
 acts = frames.activation_frame(prof.stages)
 bu = byte_unit(float(acts["bytes"].max()) if len(acts) else 0.0)
 acts = acts.assign(value=acts["bytes"] / bu.scale)
-ui.chart(charts.activation_chart(acts, unit=bu.name), key="activation_chart")
+ui.chart(profile_charts.activation_chart(acts, unit=bu.name), key="activation_chart")
 
 st.subheader("Per-op memory")
 opm = frames.op_memory_frame(prof.stages)
@@ -47,7 +47,7 @@ if opm["measured"].notna().any():
     )
     mu = byte_unit(float(opm[["measured", "rule"]].abs().max().max()) if len(opm) else 0.0)
     scaled = opm.assign(**{c: opm[c] / mu.scale for c in ("rule", "measured", "used", "transient")})
-    ui.chart(charts.op_memory_chart(scaled, unit=mu.name), key="op_memory_chart")
+    ui.chart(profile_charts.op_memory_chart(scaled, unit=mu.name), key="op_memory_chart")
     with st.expander("per-op memory"):
         ui.dataframe(
             scaled,
