@@ -311,7 +311,8 @@ def run_backend(
             starts, ends = out.starts, out.ends
         else:
             from . import milp
-            from .milp import ModelNotBuilt, build_milp, solve_milp
+            from .milp import ModelNotBuilt, build_milp
+            from .milp_solvers import solve_milp
 
             try:
                 # (a Python build: it stops at the backend's stop, and is not started at all
