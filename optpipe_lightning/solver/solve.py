@@ -30,6 +30,7 @@ from .backend import backend_bounds_hold as backend_bounds_hold  # (re-exported)
 from .candidates import offer_candidate
 from .feasibility import check_memory_limit, infeasible_error, smallest_feasible_limit
 from .incumbent import Best, Budget
+from .offload_trim import TRIM_TRIES, trim_offloads
 from .phases import SearchArgs, run_pipeline, screen
 from .results import Incumbent, InfeasibleMemoryLimit, SolveResult
 from .robust import ROBUST_SHARE, robust_pick
@@ -198,6 +199,12 @@ def solve(
             assert chosen.evaluation is not None and chosen.evaluation.makespan is not None
             top.schedule, top.makespan = chosen, chosen.evaluation.makespan
             top.source = f"robust:{top.source}"
+    trimmed = 0
+    if top.schedule is not None and not (stop is not None and stop.is_set()):
+        with budget.phase("offload trim"):
+            top.schedule, trimmed = trim_offloads(
+                top.schedule, t0 + time_limit, max_tries=TRIM_TRIES
+            )
     makespan = top.makespan
     # a chunking's bound holds for its schedules only: the solve's is the least of them
     per_bound = {c: max(b.bound, b.makespan) if c in proven else b.bound for c, b in bests.items()}
@@ -223,6 +230,8 @@ def solve(
     }
     if robustness is not None:
         params["robust"] = robustness
+    if trimmed:
+        params["trimmed_offloads"] = trimmed
     if len(bests) > 1:
         params["chunkings"] = [
             {
