@@ -5,7 +5,8 @@ and offered the user's hint and candidates): run the offload-aware list schedule
 search over their parameters from the best ones (``rule_search``), the offload repair and the
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
 search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
-its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
+its warm-up depth and W delay; ``final_groups``: unequal group sizes, no short last group;
+``warmup_fill``: the warm-up's latency gaps filled with later
 forwards; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
@@ -338,11 +339,12 @@ def run_pipeline(
 
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
     """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
-    order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
+    order knobs (``order_search``: warm-up depth, W delay) and unequal group sizes
+    (``final_groups``: no short last group), then the warm-up's latency gaps
     filled with later forwards (``warmup_fill``), then the local search over the best
     schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
     the time left; each improvement is offered."""
-    from . import action_search, gis_search, order_search, warmup_fill
+    from . import action_search, final_groups, gis_search, order_search, warmup_fill
 
     until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
     if gis_search.applies(problem):
@@ -359,6 +361,14 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
                 max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
             ):
                 best.offer(sched, "search:order")
+        with budget.phase("search: final groups"):
+            for sched in final_groups.members(
+                problem,
+                best.makespan,
+                None if det else until,
+                max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
+            ):
+                best.offer(sched, "search:groups")
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     det = args.deterministic_time is not None
