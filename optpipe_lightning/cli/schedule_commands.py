@@ -183,7 +183,8 @@ def _compare_baselines(
         BASELINE_NAMES,
         NotApplicable,
         best_schedule,
-        generate_chunked,
+        chunking_order,
+        generate_chunkings,
     )
     from ..schedule.baselines._deadline import DeadlineExceeded, deadline_at
     from ..solver.candidates import STRONGEST_BASELINES, baseline_order
@@ -192,31 +193,49 @@ def _compare_baselines(
     skipped: dict[str, str] = {}
     candidates: list[Schedule] = []  # the solver's: never slower than a row beside it
     chosen: dict[str, Schedule] = {}
-    made_by: dict[str, list[Schedule]] = {}
+    made: dict[str, dict[int, Schedule]] = {}
+    why: dict[str, dict[int, NotApplicable]] = {}
     interrupted = False  # (``terminate_as_interrupt`` makes SIGTERM a KeyboardInterrupt too)
     order = baseline_order(problem)  # under a memory limit the strongest come early
-    for k, name in enumerate(order, 1):
+    strongest = [n for n in order if n in STRONGEST_BASELINES]
+    # each step: a baseline on some of its chunkings. The strongest first make their likely
+    # best chunking each (most chunks), then their others, so that on a busy machine every
+    # strongest row has a schedule before any of them spends time on its other chunkings
+    steps: list[tuple[str, list[int]]] = []
+    for name in order:
+        if name not in STRONGEST_BASELINES:
+            steps.append((name, chunking_order(name, problem)))
+        elif name == strongest[0]:
+            firsts = {n: chunking_order(n, problem) for n in strongest}
+            steps += [(n, idx[:1]) for n, idx in firsts.items()]
+            steps += [(n, idx[1:]) for n, idx in firsts.items() if idx[1:]]
+    for k, (name, indices) in enumerate(steps, 1):
         if interrupted:
-            skipped[name] = "interrupted"
+            skipped.setdefault(name, "interrupted")
             continue
         until = budget.strongest_until if name in STRONGEST_BASELINES else budget.baselines_until
         if time.perf_counter() > until:  # none starts after its share
-            skipped[name] = budget.stopped
+            skipped.setdefault(name, budget.stopped)
             continue
-        say(f"compare: baseline {name} ({k}/{len(order)}, {time.perf_counter() - started:.1f} s)")
+        say(f"compare: baseline {name} ({k}/{len(steps)}, {time.perf_counter() - started:.1f} s)")
         try:
             with deadline_at(until):
-                made_by[name] = generate_chunked(name, problem)
+                done, na = generate_chunkings(name, problem, indices)
+            made.setdefault(name, {}).update(done)
+            why.setdefault(name, {}).update(na)
         except KeyboardInterrupt:
             interrupted = True
-            skipped[name] = "interrupted"
-            continue
-        except NotApplicable as e:
-            skipped[name] = str(e)
+            skipped.setdefault(name, "interrupted")
         except DeadlineExceeded:
-            skipped[name] = budget.stopped
+            skipped.setdefault(name, budget.stopped)
         except (ImportError, AttributeError):
-            skipped[name] = "not available in this build"
+            skipped.setdefault(name, "not available in this build")
+    for name, done in made.items():
+        if done:
+            skipped.pop(name, None)  # (a later step of it stopped: the chunkings made count)
+        elif name not in skipped and why.get(name):
+            skipped[name] = str(why[name][min(why[name])])  # the own chunking's, else the first
+    made_by = {n: [d[i] for i in sorted(d)] for n, d in made.items() if d}
     # rows (and reasons) in the usual order, whatever order they were computed in
     skipped = {n: skipped[n] for n in BASELINE_NAMES if n in skipped}
     for name in BASELINE_NAMES:

@@ -19,6 +19,10 @@ room) plus twice the wind-down reserve of 40 us per unit: 6.6 s at the largest s
 16,384 units, 0.5 s at 4,096; twice that for ``compare``, whose baselines take the first half
 of its limit. The solver gets the command's limit less the reserve. A refusal is one line naming the size, the largest the command takes
 and what to do.
+
+Memory: the MILP backends (``--solver highs|gurobi``) build their model only up to
+``solver.milp.MILP_MAX_VARIABLES`` (1,000,000 variables, about 1 GB in the command's process;
+HiGHS then solves it in a child capped at 4 GiB); a larger model is skipped with a note.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ stopped at the deadline finishes its current step first (PipeOffload's bisection
 1.8 s at 64 x 1024 x 1, V-Min's squeeze 2.8 s at 64 x 512 x 2 on a busy machine), then one
 simulation and the output. The solver is given the command's limit less this
 (``wind_down_reserve``: 1.3 s at the largest size, 0.66 s at 16,384 units)."""
-STRONGEST_SHARE: Final = 0.7
+STRONGEST_SHARE: Final = 0.85
 """The share of ``compare``'s limit until which its strongest baselines may run (the others stop
 at half)."""
 MAX_TIME_LIMIT: Final = 7 * 86400.0

@@ -310,9 +310,26 @@ def run_backend(
             status, obj, bnd = out.status, out.objective, out.bound
             starts, ends = out.starts, out.ends
         else:
-            from .milp import build_milp, solve_milp
+            from . import milp
+            from .milp import ModelNotBuilt, build_milp
+            from .milp_solvers import solve_milp
 
-            model = build_milp(problem, tm, horizon=horizon, lower_bound=lb_ticks)
+            try:
+                # (a Python build: it stops at the backend's stop, and is not started at all
+                # where the model would be larger than the memory it may take, ``milp``)
+                model = build_milp(
+                    problem,
+                    tm,
+                    horizon=horizon,
+                    lower_bound=lb_ticks,
+                    max_variables=milp.MILP_MAX_VARIABLES,
+                    deadline=t_stop,
+                    stop=fire,
+                )
+            except ModelNotBuilt as e:
+                budget.skip(f"{used} search ({e})")
+                return False
+            # the search gets what the build left, never more (its own limit was set before)
             res = solve_milp(
                 model,
                 used,
@@ -323,6 +340,7 @@ def run_backend(
                 workers=nworkers,
                 on_solution=on_solution,
                 stop=fire,
+                deadline=t_stop,
             )
             status, obj, bnd = res.status, res.objective, res.bound
             starts, ends = res.starts, res.ends

@@ -1,4 +1,4 @@
-"""Child process for the HiGHS backend (see ``milp._solve_highs_isolated``).
+"""Child process for the HiGHS backend (see ``milp_solvers._solve_highs_isolated``).
 
 Reads one base64 pickle ``(model, start, ends_at, gap, seed, workers)`` line on stdin (``ends_at``:
 when the search must end, on ``time.monotonic()``),
@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 
-from .milp import HIGHS_MEMORY_BYTES, MilpOutcome, _solve_highs
+from .milp import MilpOutcome
+from .milp_solvers import HIGHS_MEMORY_BYTES, _solve_highs
 from .ticks import OpKey
 
 

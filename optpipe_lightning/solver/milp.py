@@ -14,15 +14,15 @@ float noise is rounded away; the simulator re-times and re-checks every solution
 
 from __future__ import annotations
 
-import contextlib
-import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
+from .milp_size import MILP_MAX_VARIABLES as MILP_MAX_VARIABLES
+from .milp_size import ModelNotBuilt, memory_check_binaries
 from .ticks import OpKey, TickModel
 
 SolutionFn = Callable[[dict[OpKey, int], dict[OpKey, int], int, int], None]
@@ -110,15 +110,43 @@ class LinearModel:
 
 
 def build_milp(
-    problem: Problem, tm: TickModel, *, horizon: int, lower_bound: int, tight: bool = True
+    problem: Problem,
+    tm: TickModel,
+    *,
+    horizon: int,
+    lower_bound: int,
+    tight: bool = True,
+    max_variables: int | None = None,
+    deadline: float | None = None,
+    stop: threading.Event | None = None,
 ) -> LinearModel:
     """The MILP of a problem in ticks, with all ops ending by ``horizon``.
 
     ``tight``: only timings the simulator reproduces (``cpsat.tight_options``), as the
-    CP-SAT model does, so both backends have the same optimum.
+    CP-SAT model does, so both backends have the same optimum. Raises ``ModelNotBuilt`` when
+    the model would have more than ``max_variables`` variables (None: no limit; checked
+    before building where ``memory_check_binaries`` tells, else as it grows), or at
+    ``deadline`` (a ``time.perf_counter()`` value) or ``stop``: checked between steps of at
+    most one device's ops each, so a build never runs much past it.
     """
     pb = problem
     lm = LinearModel()
+    if max_variables is not None and memory_check_binaries(pb) > max_variables:
+        raise ModelNotBuilt(
+            f"its MILP would have more than {max_variables:,} variables (at least "
+            f"{memory_check_binaries(pb):,} for the memory checks alone)"
+        )
+
+    def check() -> None:
+        if max_variables is not None and len(lm.lb) > max_variables:
+            raise ModelNotBuilt(f"its MILP has more than {max_variables:,} variables")
+        if (deadline is not None and time.perf_counter() > deadline) or (
+            stop is not None and stop.is_set()
+        ):
+            raise ModelNotBuilt(
+                f"its MILP was not built by the deadline ({len(lm.lb):,} variables so far)"
+            )
+
     p, v, m = pb.num_stages, pb.num_chunks, pb.num_microbatches
     G = p * v
     table = pb.group_table
@@ -168,6 +196,7 @@ def build_milp(
 
     for g in range(G):
         s, c = table[g]
+        check()
         for j in range(m):
             F, B, W = ("F", s, c, j), ("B", s, c, j), ("W", s, c, j)
             deps.setdefault(F, [])
@@ -233,6 +262,7 @@ def build_milp(
     for s in range(p):
         ops = [k for k in S if k[1] == s and k[0] in ("F", "B", "W")]
         for i, a in enumerate(ops):
+            check()
             for b in ops[i + 1 :]:
                 if b in reachable(a) or a in reachable(b):
                     continue
@@ -243,6 +273,7 @@ def build_milp(
     # copy-lane disjunctions (both transfers active)
     for lst in transfers.values():
         for i, (ta, oa) in enumerate(lst):
+            check()
             for tb, ob_ in lst[i + 1 :]:
                 if ta[1:] == tb[1:]:
                     continue  # OFFLOAD before RELOAD of one activation already
@@ -266,6 +297,7 @@ def build_milp(
             return lm.offload[(k[1], k[2], k[3])] if k[0] in ("OFFLOAD", "RELOAD") else -1
 
         for key, opts in tight_options(pb, list(S), deps, None).items():
+            check()
             lits: dict[int, float] = {}
             for pred, lag in opts:
                 t = lm.var(0, 1, True)
@@ -296,6 +328,7 @@ def build_milp(
         for ie, (ve, ce, de, ae) in enumerate(ev):
             if de <= 0:
                 continue
+            check()
             coef: dict[int, float] = {}
             rhs = lim
             if ae >= 0:  # only checked when this (optional) event happens
@@ -325,300 +358,5 @@ def build_milp(
                     if a2 >= 0:
                         lm.row({a2: 1.0, x: -1.0}, 0.0, float("inf"))
             lm.row(coef, -float("inf"), rhs - const)
+    check()
     return lm
-
-
-def solve_milp(
-    lm: LinearModel,
-    backend: str,
-    *,
-    hint: tuple[dict[OpKey, int], set[tuple[int, int, int]]] | None,
-    time_limit: float,
-    gap_target: float,
-    seed: int,
-    workers: int,
-    on_solution: SolutionFn | None,
-    stop: threading.Event | None,
-) -> MilpOutcome:
-    start = lm.complete_start(*hint) if hint is not None else None
-    if backend == "gurobi":
-        return _solve_gurobi(lm, start, time_limit, gap_target, seed, workers, on_solution, stop)
-    if backend == "highs":
-        return _solve_highs_isolated(
-            lm, start, time_limit, gap_target, seed, workers, on_solution, stop
-        )
-    raise ValueError(f"unknown MILP backend {backend!r}")
-
-
-def _decode(lm: LinearModel, x: list[float]) -> tuple[dict[OpKey, int], dict[OpKey, int]]:
-    starts: dict[OpKey, int] = {}
-    ends: dict[OpKey, int] = {}
-    for key, i in lm.start.items():
-        op, s, c, j = key
-        if op in ("OFFLOAD", "RELOAD") and x[lm.offload[(s, c, j)]] < 0.5:
-            continue
-        st = round(x[i])
-        starts[key] = st
-        ends[key] = st + lm.dur[key]
-    return starts, ends
-
-
-def _solve_gurobi(
-    lm: LinearModel,
-    start: list[float] | None,
-    time_limit: float,
-    gap_target: float,
-    seed: int,
-    workers: int,
-    on_solution: SolutionFn | None,
-    stop: threading.Event | None,
-) -> MilpOutcome:
-    import gurobipy as gp
-    from gurobipy import GRB
-
-    env = gp.Env(empty=True)
-    env.setParam("OutputFlag", 0)
-    env.start()
-    model = gp.Model(env=env)
-    try:
-        n = len(lm.lb)
-        xl = [
-            model.addVar(
-                lb=lm.lb[i],
-                ub=lm.ub[i] if lm.ub[i] != float("inf") else GRB.INFINITY,
-                vtype=GRB.INTEGER if lm.integer[i] else GRB.CONTINUOUS,
-            )
-            for i in range(n)
-        ]
-        for idx, coefs, lo, hi in lm.rows:
-            expr = gp.LinExpr(coefs, [xl[i] for i in idx])
-            if lo == hi:
-                model.addLConstr(expr, GRB.EQUAL, lo)
-            elif hi == float("inf"):
-                model.addLConstr(expr, GRB.GREATER_EQUAL, lo)
-            elif lo == -float("inf"):
-                model.addLConstr(expr, GRB.LESS_EQUAL, hi)
-            else:
-                model.addRange(expr, lo, hi)
-        model.setObjective(gp.quicksum(c * xl[i] for i, c in lm.obj.items()), GRB.MINIMIZE)
-        model.Params.TimeLimit = max(0.01, time_limit)
-        model.Params.MIPGap = max(0.0, gap_target)
-        model.Params.Seed = seed
-        model.Params.Threads = max(1, workers)
-        if start is not None:
-            for i, val in enumerate(start):
-                xl[i].Start = val
-
-        def cb(mdl: gp.Model, where: int) -> None:
-            if stop is not None and stop.is_set():
-                mdl.terminate()
-            if where == GRB.Callback.MIPSOL and on_solution is not None:
-                vals = mdl.cbGetSolution(xl)
-                obj = round(mdl.cbGet(GRB.Callback.MIPSOL_OBJ))
-                bnd = mdl.cbGet(GRB.Callback.MIPSOL_OBJBND)
-                st, en = _decode(lm, vals)
-                on_solution(st, en, obj, int(-(-(bnd - 1e-6) // 1)) if abs(bnd) < 1e99 else 0)
-
-        try:
-            model.optimize(cb)
-        except gp.GurobiError as e:
-            return MilpOutcome("unknown", None, None, message=f"Gurobi error {e.errno}: {e}")
-        code = model.Status
-        status = {GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible"}.get(code, "unknown")
-        if status == "unknown" and model.SolCount > 0:
-            status = "feasible"
-        out = MilpOutcome(status, None, None)
-        if model.SolCount > 0:
-            out.objective = round(model.ObjVal)
-            out.starts, out.ends = _decode(lm, [x.X for x in xl])
-        try:
-            bnd = model.ObjBound
-            out.bound = int(-(-(bnd - 1e-6) // 1))
-        except (gp.GurobiError, AttributeError):
-            out.bound = None
-        return out
-    finally:
-        model.dispose()
-        env.dispose()
-
-
-def _solve_highs(
-    lm: LinearModel,
-    start: list[float] | None,
-    time_limit: float,
-    gap_target: float,
-    seed: int,
-    workers: int,
-    on_solution: SolutionFn | None,
-    stop: Any,
-) -> MilpOutcome:
-    import highspy
-    import numpy as np
-
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", max(0.01, float(time_limit)))
-    h.setOptionValue("mip_rel_gap", max(0.0, float(gap_target)))
-    h.setOptionValue("random_seed", int(seed))
-    h.setOptionValue("threads", int(max(1, workers)))
-    inf = highspy.kHighsInf
-    n = len(lm.lb)
-    lb = np.array(lm.lb, dtype=float)
-    ub = np.array([u if u != float("inf") else inf for u in lm.ub], dtype=float)
-    cost = np.zeros(n)
-    for i, c in lm.obj.items():
-        cost[i] = c
-    h.addCols(
-        n,
-        cost,
-        lb,
-        ub,
-        0,
-        np.array([], dtype=np.int32),
-        np.array([], dtype=np.int32),
-        np.array([], dtype=float),
-    )
-    ints = np.array([i for i in range(n) if lm.integer[i]], dtype=np.int32)
-    h.changeColsIntegrality(len(ints), ints, np.array([highspy.HighsVarType.kInteger] * len(ints)))
-    for idx, val, lo, hi in lm.rows:
-        h.addRow(
-            lo if lo != -float("inf") else -inf,
-            hi if hi != float("inf") else inf,
-            len(idx),
-            np.array(idx, dtype=np.int32),
-            np.array(val, dtype=float),
-        )
-    if start is not None:
-        h.setSolution(n, np.arange(n, dtype=np.int32), np.array(start, dtype=float))
-
-    def improving(e: object) -> None:
-        data = e.data_out  # type: ignore[attr-defined]
-        if stop is not None and stop.is_set():
-            e.interrupt()  # type: ignore[attr-defined]
-        if on_solution is not None:
-            vals = list(data.mip_solution)
-            st, en = _decode(lm, vals)
-            bnd = float(data.mip_dual_bound)
-            on_solution(
-                st,
-                en,
-                round(data.objective_function_value),
-                int(-(-(bnd - 1e-6) // 1)) if math.isfinite(bnd) else 0,
-            )
-
-    def interrupt(e: object) -> None:
-        if stop is not None and stop.is_set():
-            e.interrupt()  # type: ignore[attr-defined]
-
-    h.cbMipImprovingSolution.subscribe(improving)
-    h.cbMipInterrupt.subscribe(interrupt)
-    h.run()
-    ms = h.getModelStatus()
-    status = {
-        highspy.HighsModelStatus.kOptimal: "optimal",
-        highspy.HighsModelStatus.kInfeasible: "infeasible",
-    }.get(ms, "unknown")
-    info = h.getInfo()
-    out = MilpOutcome(status, None, None)
-    if info.primal_solution_status >= 2:  # feasible
-        if status == "unknown":
-            out.status = "feasible"
-        sol = list(h.getSolution().col_value)
-        out.objective = round(info.objective_function_value)
-        out.starts, out.ends = _decode(lm, sol)
-    bnd = float(info.mip_dual_bound)
-    out.bound = int(-(-(bnd - 1e-6) // 1)) if math.isfinite(bnd) and abs(bnd) < 1e30 else None
-    return out
-
-
-HIGHS_KILL_AFTER = 1.0
-"""Seconds the HiGHS child gets to stop after it is told to (at its limit) before it is killed."""
-HIGHS_MEMORY_BYTES = 4 * 2**30
-"""The HiGHS child's address-space cap (``RLIMIT_AS``): past it, its allocation fails, it reports
-the failure and the solve keeps its incumbent (9.75 GB was measured uncapped, issue 32)."""
-
-
-def _solve_highs_isolated(
-    lm: LinearModel,
-    start: list[float] | None,
-    time_limit: float,
-    gap_target: float,
-    seed: int,
-    workers: int,
-    on_solution: SolutionFn | None,
-    stop: threading.Event | None,
-) -> MilpOutcome:
-    """HiGHS in a child process (``python -m optpipe_lightning.solver.highs_worker``).
-
-    The highspy and OR-Tools wheels both carry HiGHS, and loading both into one process fails
-    with undefined symbols (whichever is imported second). The child gets the model on stdin,
-    streams incumbents back on stdout, and stops when told to on stdin.
-    """
-    import base64
-    import pickle
-    import queue as queue_mod
-    import subprocess
-    import sys
-    import time
-
-    # the child's search ends at this instant (CLOCK_MONOTONIC is the same in every process),
-    # whatever its start-up took on a busy machine
-    ends_at = time.monotonic() + time_limit
-    payload = pickle.dumps((lm, start, ends_at, gap_target, seed, workers))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "optpipe_lightning.solver.highs_worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(base64.b64encode(payload) + b"\n")
-    proc.stdin.flush()
-    lines: queue_mod.Queue[bytes] = queue_mod.Queue()
-    out_stream = proc.stdout
-
-    def reader() -> None:
-        for line in out_stream:
-            lines.put(line)
-        lines.put(b"")
-
-    threading.Thread(target=reader, daemon=True).start()
-    deadline = ends_at  # HiGHS overruns its own limit (120 s against 60): told to stop at it
-    out: MilpOutcome | None = None
-    told = False
-    try:
-        while out is None:
-            if not told and ((stop is not None and stop.is_set()) or time.monotonic() > deadline):
-                try:
-                    proc.stdin.write(b"stop\n")
-                    proc.stdin.flush()
-                except OSError:
-                    pass
-                told = True
-                deadline = time.monotonic() + HIGHS_KILL_AFTER  # then killed (incumbents kept)
-            elif told and time.monotonic() > deadline:
-                break
-            try:
-                line = lines.get(timeout=0.1)
-            except queue_mod.Empty:
-                continue
-            if not line:
-                break
-            try:
-                msg = pickle.loads(base64.b64decode(line.strip(), validate=True))
-            except (ValueError, pickle.UnpicklingError, EOFError):
-                continue  # not a protocol line (a stray print of the child): skip it
-            if msg[0] == "solution":
-                if on_solution is not None:
-                    on_solution(msg[1], msg[2], msg[3], msg[4])
-            else:
-                out = msg[1]
-    finally:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=HIGHS_KILL_AFTER)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return out or MilpOutcome("unknown", None, None, message="HiGHS stopped without a result")

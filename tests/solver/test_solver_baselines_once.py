@@ -24,6 +24,7 @@ from optpipe_lightning.schedule.baselines._deadline import (
     interruptible,
     timer_available,
 )
+from optpipe_lightning.schedule.chunking import chunkings, rechunk
 from optpipe_lightning.solver import solve
 from optpipe_lightning.solver.candidates import (
     CLOSED_FORM_BASELINES,
@@ -140,3 +141,26 @@ def test_baseline_takes_the_largest_size_the_docs_allow(tmp_path: Path) -> None:
     res = runner.invoke(app, ["baseline", "1f1b", str(path), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["generator"] == "1f1b"
+
+
+def test_compare_makes_each_strongest_baselines_likely_best_chunking_before_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # on a busy machine every strongest row gets a schedule before either spends time on its
+    # other chunkings (issue 32.2); each (baseline, chunking) is still made once
+    pb = bench_problem(4, 8, 2, 0.5, 0.5).with_changes(layers_per_stage=4)
+    path = tmp_path / "p.json"
+    path.write_text(pb.model_dump_json())
+    calls = _count_calls(monkeypatch)
+    args = ["compare", str(path), "--json", "--time-limit", "20", "--solver", "heuristic"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert not [k for k, n in Counter(calls).items() if n > 1]
+    strong = [(n, h) for n, h in calls if n in STRONGEST_BASELINES]
+    assert [n for n, _ in strong[:2]] == list(STRONGEST_BASELINES)
+    most = max(v for v, _ in chunkings(pb))
+    hashes = {rechunk(pb, most, "interleaved").hash, rechunk(pb, most, "vshape").hash}
+    assert strong[0][1] in hashes and strong[1][1] in hashes
+    assert len(strong) > 2  # then their other chunkings
+    doc = json.loads(res.stdout)
+    assert {"pipeoffload", "adaoffload"} <= {r["name"] for r in doc["schedules"]}

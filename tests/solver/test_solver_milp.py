@@ -87,7 +87,7 @@ def test_the_highs_child_caps_its_memory() -> None:
 
     code = (
         "from optpipe_lightning.solver.highs_worker import cap_memory\n"
-        "from optpipe_lightning.solver.milp import HIGHS_MEMORY_BYTES as cap\n"
+        "from optpipe_lightning.solver.milp_solvers import HIGHS_MEMORY_BYTES as cap\n"
         "if not cap_memory(cap): raise SystemExit(3)\n"
         "try:\n"
         "    bytearray(cap + 2**30)\n"

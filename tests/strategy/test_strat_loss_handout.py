@@ -1,6 +1,7 @@
 """The training step's hand-out of the last stage's payload (``ModuleStep.share_training``):
 every rank gets what ``share`` would give, the loss bit for bit, whichever rank is the last
-stage; the last stage does not wait for the others when it sends the loss alone."""
+stage; the last stage does not wait for the others when it sends the loss alone, or the loss
+and values logged under the names, options and dtypes of the last pickled hand-out."""
 
 from __future__ import annotations
 
@@ -13,19 +14,42 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from optpipe_lightning.strategy.lightning.module_steps import ModuleStep, PipelineStepError
+from optpipe_lightning.strategy.lightning.module_steps import (
+    LogLayout,
+    ModuleStep,
+    PipelineStepError,
+)
 from optpipe_lightning.strategy.runtime.process_groups import PipelineComm
 
 LOSSES = [0.1, 0.7, 1.0 / 3.0]
 
 
-def _step(losses: list[float], logs: bool, error: str | None) -> ModuleStep:
+ACC = 1.0 / 7.0  # not exact in float32's neighbours: a value carried through float64 must stay
+COUNT = 2**40 + 3  # an integer log beyond float32
+
+
+def _step(losses: list[float], logs: bool | str, error: str | None) -> ModuleStep:
     step = ModuleStep(None, "training_step", train=True)  # type: ignore[arg-type]
     step._losses = [torch.tensor(v) for v in losses]
     if logs:
-        step._logs = [[("acc", torch.tensor(0.5), {})]]
+        step._logs = [[("acc", torch.tensor(ACC), {"prog_bar": True})]]
+        if logs == "count":
+            step._logs[0].append(("count", torch.tensor(COUNT), {"reduce_fx": "sum"}))
     step.error = error
     return step
+
+
+STEPS: list[tuple[list[float], bool | str, str | None]] = [
+    (LOSSES, False, None),  # the loss alone: a tensor, the sender does not wait
+    ([], False, None),
+    (LOSSES, True, None),  # new logs: pickled, blocking; every rank learns their layout
+    (LOSSES, False, "boom"),
+    (LOSSES, True, None),  # the same logs again: values in the tensor, the sender does not wait
+    (LOSSES, "count", None),  # another layout: pickled
+    (LOSSES, "count", None),  # a large integer value travels exactly
+    (LOSSES, False, None),  # no logs after some: pickled once, then the loss alone again
+    (LOSSES, False, None),
+]
 
 
 def _worker(rank: int, world: int, init: str, out: str) -> None:
@@ -34,19 +58,21 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         comm = PipelineComm(num_stages=world, global_rank=rank, pp_group=dist.group.WORLD)
         rows: list[Any] = []
         for last in range(world):  # the last stage on rank 1 (1F1B) and on rank 0 (V-shape)
-            for losses, logs, error in (
-                (LOSSES, False, None),
-                ([], False, None),
-                (LOSSES, True, None),
-                (LOSSES, False, "boom"),
-            ):
+            layout = LogLayout()  # kept across steps, as the strategy keeps it
+            for losses, logs, error in STEPS:
                 kept: list[Any] = []
                 step = _step(losses, logs, error)
                 try:
                     got = step.share_training(
-                        comm, last, torch.device("cpu"), lambda w, t, held=kept: held.append((w, t))
+                        comm,
+                        last,
+                        torch.device("cpu"),
+                        lambda w, t, held=kept: held.append((w, t)),
+                        layout,
                     )
-                    rows.append((got.loss, [n for n, _, _ in got.logs], len(kept)))
+                    rows.append(
+                        (got.loss, [(n, v.dtype, v.item(), o) for n, v, o in got.logs], len(kept))
+                    )
                 except PipelineStepError as e:
                     rows.append(("error", str(e), len(kept)))
                 for work, _ in kept:
@@ -66,11 +92,21 @@ def test_training_handout_matches_share_on_every_rank() -> None:
         )
         rows = [torch.load(os.path.join(d, f"{r}.pt")) for r in range(world)]
     mean = float(torch.stack([torch.tensor(v) for v in LOSSES]).double().mean())
+    acc = ("acc", torch.float32, torch.tensor(ACC).item(), {"prog_bar": True})
+    count = ("count", torch.int64, COUNT, {"reduce_fx": "sum"})
+    n = len(STEPS)
     for rank, mine in enumerate(rows):
         for last in range(world):
-            loss_only, empty, logged, failed = mine[4 * last : 4 * last + 4]
-            sender = rank == last
-            assert loss_only == (mean, [], 1 if sender else 0)  # exact; only the sender keeps it
-            assert empty == (None, [], 1 if sender else 0)
-            assert logged == (mean, ["acc"], 0)  # logs: the pickled path, blocking
+            loss_only, empty, logged, failed, again, other, other_again, unlogged, plain = mine[
+                n * last : n * last + n
+            ]
+            kept = 1 if rank == last else 0  # only the sender keeps a hand-out it did not wait for
+            assert loss_only == (mean, [], kept)  # exact
+            assert empty == (None, [], kept)
+            assert logged == (mean, [acc], 0)  # new logs: the pickled path, blocking
             assert failed[0] == "error" and "boom" in failed[1] and failed[2] == 0
+            assert again == (mean, [acc], kept)  # same layout: bit for bit, not waited for
+            assert other == (mean, [acc, count], 0)
+            assert other_again == (mean, [acc, count], kept)
+            assert unlogged == (mean, [], 0)
+            assert plain == (mean, [], kept)

@@ -75,22 +75,27 @@ def generate_all(problem: Problem) -> dict[str, Schedule | NotApplicable]:
 MOST_CHUNKS_FIRST: frozenset[str] = frozenset({"pipeoffload", "adaoffload"})
 
 
-def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
-    """The named baseline on every chunking the problem allows (``schedule.chunking``: only its
-    own without ``layers_per_stage``), each schedule embedding the problem it was built for and
-    recording its chunking, listed own chunking first, then as ``chunkings`` gives them. Raises
-    the own chunking's ``NotApplicable`` (else the first one's) when it applies to none. Stopped
-    at the caller's deadline (``_deadline.deadline_at``), it returns the chunkings finished by
-    then, and raises ``DeadlineExceeded`` only when none was. The chunkings are tried in that
-    order too, except for ``MOST_CHUNKS_FIRST`` generators (most chunks first, then that order):
-    which finish before a deadline differs, never what a finished one gives."""
+def chunking_order(name: str, problem: Problem) -> list[int]:
+    """The order ``generate_chunked`` tries the problem's chunkings in (indices into
+    ``chunkings(problem)``): as listed, except most chunks first for ``MOST_CHUNKS_FIRST``."""
     tried = list(chunkings(problem))
     order = list(range(len(tried)))
     if name in MOST_CHUNKS_FIRST:
         order.sort(key=lambda i: -tried[i][0])
+    return order
+
+
+def generate_chunkings(
+    name: str, problem: Problem, indices: Sequence[int]
+) -> tuple[dict[int, Schedule], dict[int, NotApplicable]]:
+    """The named baseline on the chunkings ``indices`` (into ``chunkings(problem)``), in that
+    order: the schedules made (stamped, by index) and the reasons of those that do not apply.
+    Stopped at the caller's deadline (``_deadline.deadline_at``) it returns what was finished
+    by then, and raises ``DeadlineExceeded`` only when nothing was."""
+    tried = list(chunkings(problem))
     done: dict[int, Schedule] = {}
     why: dict[int, NotApplicable] = {}
-    for i in order:
+    for i in indices:
         v, placement = tried[i]
         pb = rechunk(problem, v, placement)
         try:
@@ -101,6 +106,19 @@ def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
             if done:
                 break
             raise
+    return done, why
+
+
+def generate_chunked(name: str, problem: Problem) -> list[Schedule]:
+    """The named baseline on every chunking the problem allows (``schedule.chunking``: only its
+    own without ``layers_per_stage``), each schedule embedding the problem it was built for and
+    recording its chunking, listed own chunking first, then as ``chunkings`` gives them. Raises
+    the own chunking's ``NotApplicable`` (else the first one's) when it applies to none. Stopped
+    at the caller's deadline (``_deadline.deadline_at``), it returns the chunkings finished by
+    then, and raises ``DeadlineExceeded`` only when none was. The chunkings are tried in that
+    order too, except for ``MOST_CHUNKS_FIRST`` generators (most chunks first, then that order):
+    which finish before a deadline differs, never what a finished one gives."""
+    done, why = generate_chunkings(name, problem, chunking_order(name, problem))
     if not done:
         raise why[min(why)]
     return [done[i] for i in sorted(done)]

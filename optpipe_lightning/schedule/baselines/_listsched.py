@@ -512,6 +512,12 @@ def list_schedule(
     free_at = [0.0] * p
     rows: Rows = [[] for _ in range(p)]
     events: list[float] = [0.0]
+    # a free device whose ``choose`` found nothing waits (``idle``) until one of its wake-ups:
+    # the end of one of its own ops or an input arriving from a neighbour (what ``choose`` reads
+    # of other devices); nothing else can change its choice, so it is not asked again before
+    # (the same orders, far fewer ``choose`` calls: 828k -> about 2 per op at 8 x 32 x 8)
+    wake: list[list[float]] = [[] for _ in range(p)]
+    idle = [False] * p
     total = 3 * p * v * m
     n_done = 0
 
@@ -527,6 +533,7 @@ def list_schedule(
             hop = nxt[s][c]
             if hop is not None:
                 heapq.heappush(events, T + d + hop[2])
+                heapq.heappush(wake[hop[0]], T + d + hop[2])
         elif a.op == "B":
             d = t_b[s][c]
             b_end[s][c][a.mb] = T + d
@@ -536,12 +543,14 @@ def list_schedule(
             hop = prv[s][c]
             if hop is not None:
                 heapq.heappush(events, T + d + hop[2])
+                heapq.heappush(wake[hop[0]], T + d + hop[2])
         else:
             d = t_w[s][c]
             mem[s] += m_w[s][c]
         rows[s].append(a)
         free_at[s] = T + d
         heapq.heappush(events, T + d)
+        heapq.heappush(wake[s], T + d)
         n_done += 1
 
     def choose(s: int, T: float) -> Action | None:
@@ -593,10 +602,22 @@ def list_schedule(
         T = heapq.heappop(events)
         while events and events[0] <= T:
             heapq.heappop(events)
+        # (the tolerance ``choose`` compares times with: a wake-up within it is due)
+        due = T + 1e-12 * max(1.0, T)
         for s in range(p):
-            while free_at[s] <= T + 1e-12 * max(1.0, T):
+            if free_at[s] > due:
+                continue
+            wk = wake[s]
+            if wk and wk[0] <= due:
+                while wk and wk[0] <= due:
+                    heapq.heappop(wk)
+                idle[s] = False
+            if idle[s]:
+                continue
+            while free_at[s] <= due:
                 a = choose(s, T)
                 if a is None:
+                    idle[s] = True
                     break
                 if a.op == "F" and a.chunk == chunk_order[s][0]:
                     reserved[s] += full[s]

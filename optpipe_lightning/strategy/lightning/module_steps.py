@@ -73,6 +73,39 @@ class StepPayload:
     error: str | None = None
 
 
+class LogLayout:
+    """The names, options and dtypes of what the last training step handed out pickled, kept
+    alike on every rank of a pipeline: a step that logs the same again sends only the values
+    (``ModuleStep.share_training``)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, torch.dtype, dict[str, Any]]] = []
+
+    def learn(self, logs: Sequence[tuple[str, Tensor, dict[str, Any]]]) -> None:
+        self.entries = [(name, value.dtype, opts) for name, value, opts in logs]
+
+    def packs(self, logs: Sequence[tuple[str, Tensor, dict[str, Any]]], box: Tensor) -> bool:
+        """Whether ``logs`` have this layout; their values then go into ``box[2:]`` (exactly:
+        a value float64 cannot hold makes it False)."""
+        if len(logs) != len(self.entries):
+            return False
+        for i, ((name, value, opts), (n, dtype, o)) in enumerate(
+            zip(logs, self.entries, strict=True)
+        ):
+            if name != n or value.dtype != dtype or opts != o:
+                return False
+            box[2 + i] = value.reshape(()).to(torch.float64)
+            if not value.is_floating_point() and box[2 + i].to(dtype) != value.reshape(()):
+                return False
+        return True
+
+    def unpack(self, box: Tensor) -> list[tuple[str, Tensor, dict[str, Any]]]:
+        return [
+            (name, box[2 + i].to(dtype, copy=True), dict(opts))
+            for i, (name, dtype, opts) in enumerate(self.entries)
+        ]
+
+
 class ModuleStep:
     """One call of a module's step hook, for the microbatches of one batch."""
 
@@ -254,22 +287,33 @@ class ModuleStep:
         return mine
 
     def share_training(
-        self, comm: PipelineComm, last_rank: int, device: torch.device, keep: Callable[..., None]
+        self,
+        comm: PipelineComm,
+        last_rank: int,
+        device: torch.device,
+        keep: Callable[..., None],
+        layout: LogLayout | None = None,
     ) -> StepPayload:
-        """``share`` for a training step, cheaper when the payload is the loss alone (no logs,
-        no outputs, no error: the common case): one small tensor from the last stage instead
-        of pickled objects, and the last stage does not wait for the others to take it
-        (``keep(work, tensor)`` holds the hand-out until the engine's
+        """``share`` for a training step, cheaper in the common case: one small tensor from the
+        last stage instead of pickled objects, and the last stage does not wait for the others
+        to take it (``keep(work, tensor)`` holds the hand-out until the engine's
         ``finish_loss_handout``). The last stage can be the rank that finishes its backwards
         first (1F1B) or last (the V-shape, where it also holds the first stage), so waiting
-        there would hold its optimizer update, or the others', back to a common point."""
+        there would hold its optimizer update, or the others', back to a common point.
+
+        The tensor carries the loss and, when the step logged the same names with the same
+        options and dtypes as at the last pickled hand-out (``layout``, kept alike on every
+        rank of the pipeline), the logged values; anything else (other logs, outputs, an
+        error) goes pickled, blocking, and sets ``layout`` on every rank."""
         if not (comm.distributed and comm.num_stages > 1):
             return self.share(comm, last_rank)
+        layout = layout if layout is not None else LogLayout()
+        n = len(layout.entries)
         sender = comm.pp_rank == last_rank
         mine = self.payload() if sender else None
-        box = torch.zeros(2, dtype=torch.float64, device=device)  # (loss, kind)
+        box = torch.zeros(2 + n, dtype=torch.float64, device=device)  # (loss, kind, logs...)
         if mine is not None:
-            simple = mine.error is None and not mine.logs and mine.output is None
+            simple = mine.error is None and mine.output is None and layout.packs(mine.logs, box)
             box[1] = (_LOSS if mine.loss is not None else _EMPTY) if simple else _OBJECTS
             box[0] = mine.loss if simple and mine.loss is not None else 0.0
             if simple:
@@ -281,8 +325,10 @@ class ModuleStep:
         dist.broadcast(box, group=comm.pp_group, group_src=last_rank)
         kind = int(box[1])
         if kind == _OBJECTS:
-            return self.share(comm, last_rank)
-        return StepPayload(loss=float(box[0]) if kind == _LOSS else None)
+            shared = self.share(comm, last_rank)
+            layout.learn(shared.logs)
+            return shared
+        return StepPayload(loss=float(box[0]) if kind == _LOSS else None, logs=layout.unpack(box))
 
     def replay(self, payload: StepPayload, device: torch.device) -> None:
         """Log the batch's values on this rank as the step would on one device."""

@@ -30,7 +30,7 @@ from ..runtime.chain_probe import probe_forward
 from ..runtime.checkpoint import keep_local_optimizer_state
 from ..runtime.microbatch import MicrobatchError, leading_size, shape_key, signature, split_batch
 from ..runtime.process_groups import PipelineComm
-from .module_steps import ModuleStep, StepPayload
+from .module_steps import LogLayout, ModuleStep, StepPayload
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -49,6 +49,7 @@ class PipelinedSteps:
         self.device = device
         self.guard = guard  # guard(True): collectives refuse while a step runs on one rank
         self.grads = GradientHandover()
+        self.log_layout = LogLayout()  # what the training steps log (``share_training``)
         self._input_shape: Any = None  # the training pipeline's (torch fixes it on step 1)
         # the modes (training or not) the module's forward was probed in (``chain_probe``)
         self._chain_checked: set[bool] = set()
@@ -112,7 +113,8 @@ class PipelinedSteps:
             )
         engine = sched.engine
         assert engine is not None
-        keep_local_optimizer_state(optimizers, engine.parameters)
+        params = engine.parameters  # once per step (a walk over the local modules)
+        keep_local_optimizer_state(optimizers, params)
         accumulate = max(1, int(module.trainer.accumulate_grad_batches))
 
         def run() -> tuple[Tensor, StepPayload]:
@@ -120,14 +122,14 @@ class PipelinedSteps:
                 sched.run_step(arg_mbs, list(enumerate(mbs)), loss_scale / accumulate, step.answer)
             engine.finish_loss_handout()  # the last step's, before this one's
             payload = step.share_training(
-                self.comm, engine.last_rank, self.device, engine.keep_handout
+                self.comm, engine.last_rank, self.device, engine.keep_handout, self.log_layout
             )
             loss = torch.tensor(payload.loss, dtype=torch.float32, device=self.device)
-            return average_over_replicas(engine.parameters, loss, self.comm), payload
+            return average_over_replicas(params, loss, self.comm), payload
 
         # Lightning zeroes gradients *after* training_step and before backward: run the pipeline
         # on fresh .grad, keep its gradients aside, and hand them over in ``backward``.
-        loss, payload = self.grads.run(engine.parameters, run)
+        loss, payload = self.grads.run(params, run)
         step.replay(payload, self.device)
         replicas = self.comm.data_parallel
         tokens = token_count(arg_mbs)
