@@ -206,12 +206,23 @@ class Progress(pl.Callback):
             )
 
 
+def count(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse turns the error into one usage line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--accelerator", default="cpu")
-    ap.add_argument("--devices", type=int, default=2)
-    ap.add_argument("--stages", type=int, default=None, help="default: devices / data-parallel")
-    ap.add_argument("--data-parallel", type=int, default=1)
+    ap.add_argument("--devices", type=count, default=2)
+    ap.add_argument("--stages", type=count, default=None, help="default: devices / data-parallel")
+    ap.add_argument("--data-parallel", type=count, default=1)
     ap.add_argument(
         "--microbatches",
         type=lambda v: v if v == "auto" else int(v),
@@ -219,13 +230,13 @@ def main() -> None:
         help="microbatches per batch (auto: divides the batch, >= 2 per stage if it can)",
     )
     ap.add_argument("--schedule", default="optimal")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--layers", type=count, default=4)
+    ap.add_argument("--dim", type=count, default=128)
+    ap.add_argument("--heads", type=count, default=4)
+    ap.add_argument("--seq", type=count, default=64)
+    ap.add_argument("--vocab", type=count, default=64)
+    ap.add_argument("--batch", type=count, default=16)
+    ap.add_argument("--steps", type=count, default=60)
     ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--memory-limit", type=float, default=None, help="bytes (default: auto)")
     ap.add_argument("--no-offload", action="store_true")
@@ -235,7 +246,7 @@ def main() -> None:
     ap.add_argument("--no-db", action="store_true")
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--every", type=int, default=0, help="print a line every N steps (0: no)")
-    ap.add_argument("--val-every", type=int, default=20, help="validate every N steps")
+    ap.add_argument("--val-every", type=count, default=20, help="validate every N steps")
     ap.add_argument("--no-progress-bar", action="store_true")
     args = ap.parse_args()
 

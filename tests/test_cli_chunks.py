@@ -75,6 +75,7 @@ def test_bad_layers_exit_2_with_one_line(
         ("five", "neither a fraction in [0, 1)"),
         ("2PB", "neither a fraction in [0, 1)"),
         ("20", "leaves nothing of the memory limit 10 bytes"),
+        ("1.5", "not a whole number: a fraction is below 1 (e.g. 0.015 for 1.5%)"),
     ],
 )
 def test_bad_memory_margin_exit_2_with_one_line(
@@ -90,6 +91,10 @@ def test_margin_parses_fractions_and_bytes() -> None:
     assert parse_memory_margin("2e9") == pytest.approx(2e9)
     assert parse_memory_margin("512MiB") == pytest.approx(512 * 2**20)
     assert parse_memory_margin(0) == 0
+    assert parse_memory_margin("2.5e9") == pytest.approx(2.5e9)
+    assert parse_memory_margin("1.5GB") == pytest.approx(1.5e9)
+    with pytest.raises(ValueError, match=r"1\.5GB"):
+        parse_memory_margin(1.5)
     assert limit_with_margin(80e9, "0.05") == pytest.approx(76e9)
     assert limit_with_margin(80e9, "2GB") == pytest.approx(78e9)
     with pytest.raises(ValueError, match=">= 0"):
@@ -171,6 +176,8 @@ def test_a_schedule_solved_on_a_rechunking_simulates_against_the_problem(tmp_pat
         assert res.exit_code == 0, res.output
     other = write(tmp_path, "o.json", {**LAYERED, "t_f": 2.0})
     one_line_error(["simulate", str(other), str(bare)], "not a re-chunking of it")
+    trace_args = ["trace", str(bare), "--problem", str(other), "--out", str(tmp_path / "t.json")]
+    one_line_error(trace_args, "not a re-chunking of it); give the problem file it was made for")
 
 
 def test_a_rechunked_schedule_goes_through_the_database(tmp_path: Path) -> None:

@@ -94,3 +94,13 @@ def test_a_limit_just_below_what_is_needed_shows_differing_digits() -> None:
         generate("zb-auto", problem)
     said, rest = str(na.value).removeprefix("memory_limit ").split(" on stage 0 ", 1)
     assert said != rest.split("activation ")[1].split(" ")[0], str(na.value)
+
+
+def test_a_wrong_kind_of_row_is_one_line_without_pydantic_prefix(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["db", "show", "999", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Value error" not in lines[0]
+    assert "Invalid value for 'what': '999' is not one of 'problem', 'schedule'" in lines[0]
+    assert lines[0].endswith("(see `optpipe db show --help`)")

@@ -50,6 +50,7 @@ def fail(message: str) -> NoReturn:
 def _usage_line(e: Exception) -> str:
     format_message = getattr(e, "format_message", None)
     msg = format_message() if callable(format_message) else str(e)
+    msg = str(msg).replace(": Value error, ", ": ")  # pydantic's prefix on a choice's error
     ctx = getattr(e, "ctx", None)
     path = getattr(ctx, "command_path", None)
     return f"{msg} (see `{path} --help`)" if path else str(msg)

@@ -400,7 +400,7 @@ def _schedule_problem(
         raise UserError(
             f"{schedule_path} was made for problem {schedule.problem_hash}, but "
             f"{problem_path} is problem {problem.hash} (and not a re-chunking of it); "
-            "simulate it with its own problem"
+            "give the problem file it was made for"
         ) from None
 
 

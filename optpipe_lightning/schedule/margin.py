@@ -51,6 +51,13 @@ def parse_memory_margin(value: str | float) -> float:
         x = float(value)
     if not math.isfinite(x) or x < 0:
         raise ValueError(f"memory margin must be a finite number >= 0, got {value!r}")
+    unitless = not isinstance(value, str) or not unit
+    if unitless and x >= 1 and x != math.floor(x):
+        # 1.5 is neither a fraction nor a byte count: most likely meant as 1.5% or 1.5 GB
+        raise ValueError(
+            f"memory margin {value!r} is {x:g} bytes, not a whole number: a fraction is below 1 "
+            f"(e.g. {x / 100:g} for {x:g}%), bytes take a unit (e.g. {x:g}GB)"
+        )
     return x
 
 

@@ -91,7 +91,12 @@ def test_the_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main([str(tmp_path / "c.ckpt"), str(tmp_path / "one.ckpt")]) == 0
     whole = torch.load(tmp_path / "one.ckpt", weights_only=False)
     assert set(whole["state_dict"]) == set(model.state_dict())
-    assert main([str(tmp_path), str(tmp_path / "x.ckpt")]) == 1
+    assert main([str(tmp_path), str(tmp_path / "x.ckpt")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a sharded optpipe checkpoint" in err
+    # a mistake in the output path: one line each, nothing written
+    for out, says in [(tmp_path / "no" / "x.ckpt", "does not exist"), (tmp_path, "is a directory")]:
+        assert main([str(tmp_path / "c.ckpt"), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
     assert main([]) == 2

@@ -178,7 +178,18 @@ def consolidate(path: str | Path) -> dict[str, Any]:
 def convert(src: str | Path, dst: str | Path) -> Path:
     """Write the sharded checkpoint ``src`` as one Lightning checkpoint file ``dst``."""
     out = Path(dst)
-    torch.save(consolidate(src), out)
+    # checked before the shards are read: a mistake in the output path costs nothing
+    if out.is_dir():
+        raise ShardedCheckpointError(f"{out} is a directory: give the path of the file to write")
+    if not out.parent.is_dir():
+        raise ShardedCheckpointError(
+            f"the folder {out.parent} does not exist: create it or write elsewhere"
+        )
+    state = consolidate(src)
+    try:
+        torch.save(state, out)
+    except OSError as e:
+        raise ShardedCheckpointError(f"cannot write {out}: {e.strerror or e}") from None
     return out
 
 
@@ -220,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = convert(args[0], args[1])
     except ShardedCheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(out)
     return 0
 
