@@ -6,7 +6,8 @@ search over their parameters from the best ones (``rule_search``), the offload r
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
 search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
 its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
-forwards; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+forwards; ``final_groups``: unequal group sizes, no short last group, filled in turn; then
+``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left; where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from ..schedule.baselines import make_schedule
 from ..schedule.chunking import Chunking, describe
 from ..schedule.problem import Problem
+from ..schedule.schedule import Schedule
 from . import backend, periodic
 from .backend import (
     STOP_RESERVE_MAX,
@@ -339,10 +341,11 @@ def run_pipeline(
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
     """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
     order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
-    filled with later forwards (``warmup_fill``), then the local search over the best
+    filled with later forwards (``warmup_fill``), then unequal group sizes (``final_groups``: no
+    short last group; the fastest filled in turn), then the local search over the best
     schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
     the time left; each improvement is offered."""
-    from . import action_search, gis_search, order_search, warmup_fill
+    from . import action_search, final_groups, gis_search, order_search, warmup_fill
 
     until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
     if gis_search.applies(problem):
@@ -362,11 +365,12 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     det = args.deterministic_time is not None
-    with budget.phase("search: warm-up fill"):
-        source = best.source
+    searched = best.makespan  # the incumbent the unequal groups must beat before their fill
+
+    def fill(sched: Schedule, source: str) -> None:
         found = warmup_fill.best_fill(
             problem,
-            best.schedule.actions,
+            sched.actions,
             deadline=None if det else until,
             max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
         )
@@ -376,6 +380,23 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
                 make_schedule(problem, "optpipe", rows, {"from": source, "fill": label}),
                 f"search:fill:{source}",
             )
+
+    with budget.phase("search: warm-up fill"):
+        fill(best.schedule, best.source)
+    if gis_search.applies(problem) and time.perf_counter() < until:
+        # after the fill of the incumbent, each order filled in turn: the better of the two kept
+        with budget.phase("search: final groups"):
+            grouped = None
+            for sched in final_groups.members(
+                problem,
+                searched,
+                None if det else until,
+                max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
+            ):
+                grouped = sched
+            if grouped is not None:
+                best.offer(grouped, "search:groups")
+                fill(grouped, "search:groups")
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     source = best.source

@@ -1,0 +1,190 @@
+"""PipeOffload's grouped order with groups of unequal sizes: no short final group (issue 32).
+
+PipeOffload's order (``schedule.baselines._gis_order``) runs the microbatches in groups of ``g``.
+When ``g`` does not divide ``m``, the last group is short, and the published generator keeps the
+slots of a full group for it: after the last forward every stage runs ``v`` rounds of the short
+group's backwards, each round waiting for the first of them to come back round the ``p`` stages
+(on h4096-s8k-p8-75%, ``g`` = 7, ``m`` = 32: a last group of 4, 0.02 to 0.03 s idle per round,
+8 rounds). This move lays the groups out with their own sizes: each group of size ``g_q`` gets the
+building block of ``g_q`` (``k = ceil(g_min / g_q)``), placed right after the one before, so a
+short group is compact, and the sizes can be balanced (32 as 7, 7, 6, 6, 6: no group holds more
+than ``g``, the drain runs a group of 6). For each ``g`` from ``g_min`` to ``p``, a few size lists
+(balanced largest first or last, the full groups with the remainder last or first); each order is
+timed without the memory limit, the fastest first, and then fitted with PipeOffload's copy grid
+planned on the order's own timeline (``_offload_grid.place_copies``: both rules, fewest offloaded
+chunks first), every candidate judged by the one simulator; those that fit and beat the incumbent
+are yielded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from ..schedule.baselines import make_schedule
+from ..schedule.baselines._gis_order import Plan, _postpone_warmup, min_group_size
+from ..schedule.baselines._offload_grid import RULES, GridError, Rule, place_copies
+from ..schedule.problem import Problem
+from ..schedule.schedule import Action, Schedule
+from ..schedule.simulator import SimResult, simulate
+from .gis_search import applies
+
+Rows = list[list[Action]]
+
+# relative makespan change that counts as faster
+_REL = 1e-9
+
+
+def mixed_order(problem: Problem, sizes: Sequence[int]) -> Rows:
+    """The grouped compute order with groups of ``sizes`` (summing to ``m``), each laid out as
+    the published building block of its own size, one after the other (module doc). Raises
+    ValueError for a size the building block cannot take (``3 k g <= p``, or outside 1..p)."""
+    p, m, v = problem.num_stages, problem.num_microbatches, problem.num_chunks
+    if sum(sizes) != m:
+        raise ValueError(f"group sizes {list(sizes)} do not sum to {m} microbatches")
+    g_min = min_group_size(problem)
+    rows: Rows = []
+    for d in range(p):
+        slotted: list[tuple[int, int, int, Action]] = []
+        base = first_mb = 0
+        for g in sizes:
+            if not 1 <= g <= p:
+                raise ValueError(f"group size {g} is outside 1..{p}")
+            k = -(-g_min // g)
+            if max(0, 2 * p - 3 * k * g) >= p:
+                raise ValueError(f"group size {g}: the building block needs 3kg > p")
+            period = v // math.gcd(v, k)
+            first_b = 3 * k * g * (v - 1) + d + 3 * g * ((v - 1) // period) + 3 * (p - 1 - d) + 1
+            for i in range(g):
+                j = first_mb + i
+                for c in range(v):
+                    f = base + 3 * k * g * c + 3 * i + d + 3 * g * (c // period)
+                    b = base + first_b + 3 * k * g * c + 3 * i + 3 * g * (c // period)
+                    slotted.append((f, 0, j, Action("F", j, c)))
+                    slotted.append((b, 1, j, Action("B", j, v - 1 - c)))
+                    slotted.append((b + 1, 2, j, Action("W", j, v - 1 - c)))
+            base += 3 * g * v
+            first_mb += g
+        slotted.sort(key=lambda x: x[:3])
+        rows.append([a for *_k, a in slotted])
+    return rows
+
+
+def size_lists(m: int, g: int) -> list[tuple[int, ...]]:
+    """The size lists tried for largest group ``g`` (module doc), without repeats; none when
+    ``g`` divides ``m`` (the published order)."""
+    if g < 1 or m % g == 0:
+        return []
+    q = -(-m // g)
+    lo, extra = divmod(m, q)
+    balanced = [lo + 1] * extra + [lo] * (q - extra)
+    full = [g] * (m // g)
+    out: list[tuple[int, ...]] = []
+    for sizes in (balanced, balanced[::-1], [*full, m % g], [m % g, *full]):
+        if tuple(sizes) not in out:
+            out.append(tuple(sizes))
+    return out
+
+
+def _plan(problem: Problem, rows: Rows, rule: Rule) -> Plan | None:
+    """The timeline the copies are laid out on: for the lazy rule the order's run without p2p
+    time with the warm-up postponed (as ``planning_times`` does for the published sizes), for
+    the fit rule its real run without the limit; None if the order does not run."""
+    if rule == "fit":
+        res = simulate(problem.with_changes(memory_limit=None), rows)
+        if res.timeline is None:
+            return None
+        return [res.timeline.compute_rows(s) for s in range(problem.num_stages)]
+    timing = problem.with_changes(t_comm=0.0, memory_limit=None, offload=None)
+    res = simulate(timing, rows)
+    if res.timeline is None:
+        return None
+    return _postpone_warmup(
+        problem, [res.timeline.compute_rows(s) for s in range(problem.num_stages)]
+    )
+
+
+def members(
+    problem: Problem,
+    incumbent: float,
+    deadline: float | None = None,
+    max_tries: int | None = None,
+) -> Iterator[Schedule]:
+    """Schedules of the unequal group sizes (module doc) that fit and beat ``incumbent`` (each
+    one yielded beats the ones before), until ``deadline`` (``time.perf_counter()``) or after
+    ``max_tries`` simulations."""
+    if not applies(problem):
+        return
+    p, m = problem.num_stages, problem.num_microbatches
+    tries = 0
+
+    def late() -> bool:
+        return (deadline is not None and time.perf_counter() > deadline) or (
+            max_tries is not None and tries >= max_tries
+        )
+
+    def sim(rows: Rows, pb: Problem = problem) -> SimResult:
+        nonlocal tries
+        tries += 1
+        return simulate(pb, rows)
+
+    free = problem.with_changes(memory_limit=None)
+    bases: list[tuple[float, tuple[int, ...], Rows]] = []
+    for g in range(min_group_size(problem), p + 1):
+        for sizes in size_lists(m, g):
+            if late():
+                return
+            try:
+                rows = mixed_order(problem, sizes)
+            except ValueError:
+                continue
+            res = sim(rows, free)
+            if res.makespan is not None and res.makespan < incumbent * (1 - _REL):
+                bases.append((res.makespan, sizes, rows))
+    bases.sort(key=lambda x: x[0])
+    best = incumbent
+    for free_ms, sizes, rows in bases:
+        if free_ms >= best * (1 - _REL):
+            break  # offload only delays: the rest are slower already
+        found = _fit(problem, rows, best, sim, late)
+        if found is not None:
+            fitted, ms, k, rule = found
+            best = ms
+            params: dict[str, object] = {"group_sizes": list(sizes), "offload_chunks": k}
+            if k:
+                params["rule"] = rule
+            yield make_schedule(problem, "optpipe", fitted, params)
+
+
+def _fit(
+    problem: Problem,
+    rows: Rows,
+    best: float,
+    sim: Callable[[Rows], SimResult],
+    late: Callable[[], bool],
+) -> tuple[Rows, float, int, str] | None:
+    """The order as it is if it fits, else with the copy grid of each rule (fewest offloaded
+    chunks that fit): the fastest of those beating ``best``, or None."""
+    res = sim(rows)
+    if res.feasible and res.makespan is not None:
+        return (rows, res.makespan, 0, "") if res.makespan < best * (1 - _REL) else None
+    out: tuple[Rows, float, int, str] | None = None
+    for rule in RULES:
+        plan = _plan(problem, rows, rule)
+        if plan is None:
+            return None
+        for k in range(1, problem.num_chunks + 1):
+            if late():
+                return out
+            try:
+                with_copies, _ = place_copies(problem, plan, k, rule)
+            except GridError:
+                break
+            r = sim(with_copies)
+            if r.feasible and r.makespan is not None:
+                if r.makespan < best * (1 - _REL):
+                    best = r.makespan
+                    out = (with_copies, r.makespan, k, rule)
+                break  # more chunks only add copies
+    return out
