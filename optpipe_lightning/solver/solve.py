@@ -205,6 +205,10 @@ def solve(
             top.schedule, trimmed = trim_offloads(
                 top.schedule, t0 + time_limit, max_tries=TRIM_TRIES
             )
+        # fewer copies may also wait less: the answer is then faster than the search left it
+        ev = top.schedule.evaluation
+        if trimmed and ev is not None and ev.makespan is not None:
+            top.makespan = ev.makespan
     makespan = top.makespan
     # a chunking's bound holds for its schedules only: the solve's is the least of them
     per_bound = {c: max(b.bound, b.makespan) if c in proven else b.bound for c, b in bests.items()}
