@@ -33,6 +33,7 @@ from .ranges import (
     bytes_problem,
     time_problem,
 )
+from .units import format_bytes
 
 PROBLEM_FORMAT: Final = "optpipe.problem/1"
 
@@ -135,7 +136,7 @@ class Problem(_Strict):
             s, c = np.argwhere(np.abs(total) > 1e-6 * scale)[0]
             raise ValueError(
                 f"m_f + m_b + m_w must sum to 0 (what F allocates, B and W free); "
-                f"stage {s} chunk {c} sums to {total[s, c]:g}"
+                f"stage {s} chunk {c} sums to {format_bytes(float(total[s, c]))}"
             )
         if self.memory_limit is not None:
             lim = self.memory_limit

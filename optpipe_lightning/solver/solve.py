@@ -244,7 +244,7 @@ def solve(
         ]
     if budget.skipped:
         params["skipped"] = list(budget.skipped)
-        note = f"time limit {time_limit:g} s: skipped " + "; ".join(
+        note = f"time limit {round(time_limit, 2):g} s: skipped " + "; ".join(
             x if len(x) <= 90 else x[:87] + "..." for x in budget.skipped
         )
         message = note if message is None else f"{message}; {note}"
