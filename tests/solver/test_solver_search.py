@@ -4,8 +4,11 @@ counted, never timed)."""
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 from bench_problems import bench_problem
 from typer.testing import CliRunner
 
@@ -90,6 +93,31 @@ def test_group_sizes_the_published_family_leaves_out_can_beat_adaoffload(tmp_pat
         if s.params.get("offload") != "excess":  # the grid: only sizes not published
             assert g not in group_sizes(pb)
     assert list(gis_search.extra_members(pb, 0.0)) == []  # nothing beats a zero makespan
+
+
+def test_the_extra_group_sizes_try_every_copy_grid_before_any_excess_offload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the excess-only plans are the slow ones: a grid that fits must not wait behind them
+    pb = _gpt_problem(tmp_path)
+    calls: list[str] = []
+    grid, excess = gis_search.grid_fits, gis_search.offload_to_fit
+
+    def grid_spy(*a: Any, **k: Any) -> Any:
+        calls.append("grid")
+        return grid(*a, **k)
+
+    def excess_spy(*a: Any, **k: Any) -> Any:
+        calls.append("excess")
+        return excess(*a, **k)
+
+    monkeypatch.setattr(gis_search, "grid_fits", grid_spy)
+    monkeypatch.setattr(gis_search, "offload_to_fit", excess_spy)
+    found = list(gis_search.extra_members(pb, math.inf))
+    assert found and calls.count("grid") > 1 and "excess" in calls
+    assert calls == sorted(calls, key=lambda c: c == "excess")  # every grid, then the excess
+    times = [s.evaluation.makespan for s in found]  # type: ignore[union-attr]
+    assert times == sorted(times, reverse=True)
 
 
 def test_the_extra_group_sizes_apply_only_to_interleaved_offload_under_a_limit() -> None:
