@@ -36,7 +36,7 @@ def test_offloads_that_buy_nothing_go_and_the_makespan_and_limit_hold(tmp_path: 
     assert out.evaluation is not None and out.evaluation.feasible
     assert dropped == 192 - out.evaluation.num_offloaded and out.evaluation.num_offloaded < 60
     assert out.evaluation.makespan is not None and start.evaluation.makespan is not None
-    assert out.evaluation.makespan <= start.evaluation.makespan * (1 + 1e-9)
+    assert out.evaluation.makespan <= start.evaluation.makespan
     # the one simulator agrees, within every stage's limit
     again = simulate(pb, out.actions)
     assert again.feasible
