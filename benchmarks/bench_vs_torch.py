@@ -439,6 +439,8 @@ def optpipe_child(args: argparse.Namespace) -> None:
     if args.optpipe_launch == "fork":  # Lightning's fork launcher: ranks inherit the imports
         kwargs["start_method"] = "fork"
     kwargs["database"] = f"sqlite:///{args.out}/runs.db"
+    if args.strategy_options:  # what a default costs: e.g. '{"use_database": false}'
+        kwargs.update(json.loads(args.strategy_options))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.procs,
@@ -588,6 +590,7 @@ def run_once(args: argparse.Namespace, side: str, schedule: str, steps: int) -> 
         cmd += ["--optpipe-order", args.optpipe_order, "--optpipe-launch", args.optpipe_launch]
         cmd += ["--paired"] if args.paired else []
         cmd += ["--verbose"] if args.verbose else []
+        cmd += ["--strategy-options", args.strategy_options] if args.strategy_options else []
         if side == "base":  # the strategy from another checkout (--compare-code)
             env["PYTHONPATH"] = os.pathsep.join(
                 [os.path.abspath(args.compare_code), env.get("PYTHONPATH", "")]
@@ -794,6 +797,12 @@ def main() -> None:
         default="",
         help="also run the strategy from this directory (holding optpipe_lightning: an older "
         "checkout), interleaved with the rest, as side 'base'",
+    )
+    ap.add_argument(
+        "--strategy-options",
+        default="",
+        help="OptPipeStrategy keyword arguments as JSON, e.g. '{\"use_database\": false}' "
+        "(what a default costs)",
     )
     ap.add_argument("--quick", action="store_true", help="4 x Linear(256), batch 64, 1 round")
     ap.add_argument("--verbose", action="store_true", help="the strategy's INFO log (child output)")
