@@ -18,12 +18,11 @@ are yielded.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 from ..schedule.baselines import make_schedule
-from ..schedule.baselines._gis_order import Plan, _postpone_warmup, min_group_size
+from ..schedule.baselines._gis_order import Plan, _postpone_warmup, block_shape, min_group_size
 from ..schedule.baselines._offload_grid import RULES, GridError, Rule, place_copies
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
@@ -49,12 +48,7 @@ def mixed_order(problem: Problem, sizes: Sequence[int]) -> Rows:
         slotted: list[tuple[int, int, int, Action]] = []
         base = first_mb = 0
         for g in sizes:
-            if not 1 <= g <= p:
-                raise ValueError(f"group size {g} is outside 1..{p}")
-            k = -(-g_min // g)
-            if max(0, 2 * p - 3 * k * g) >= p:
-                raise ValueError(f"group size {g}: the building block needs 3kg > p")
-            period = v // math.gcd(v, k)
+            k, period = block_shape(p, v, g, g_min)
             first_b = 3 * k * g * (v - 1) + d + 3 * g * ((v - 1) // period) + 3 * (p - 1 - d) + 1
             for i in range(g):
                 j = first_mb + i

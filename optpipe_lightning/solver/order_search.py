@@ -21,12 +21,11 @@ schedule timed by the one simulator. ``max_tries`` counts simulations, so a test
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 
 from ..schedule.baselines import make_schedule
-from ..schedule.baselines._gis_order import min_group_size
+from ..schedule.baselines._gis_order import block_shape, min_group_size
 from ..schedule.baselines._listsched import offload_to_fit
 from ..schedule.baselines._offload_grid import RULES
 from ..schedule.problem import Problem
@@ -45,12 +44,7 @@ def order(p: int, m: int, v: int, g: int, g_min: int, w_delay: int = 0) -> Rows:
     """PipeOffload's slot order of group size ``g`` (``_gis_order.gis_slots``) with ``g_min`` and
     each W ``w_delay`` slots after its B. Raises ValueError where the building block does not
     exist."""
-    if not 1 <= g <= p:
-        raise ValueError(f"group size {g} is outside 1..{p}")
-    k = -(-g_min // g)
-    if max(0, 2 * p - 3 * k * g) >= p:
-        raise ValueError(f"group size {g}: the building block needs 3kg > p")
-    period = v // math.gcd(v, k)
+    k, period = block_shape(p, v, g, g_min)
     rows: Rows = []
     for d in range(p):
 

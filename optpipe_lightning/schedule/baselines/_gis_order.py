@@ -71,14 +71,21 @@ def group_sizes(problem: Problem) -> list[int]:
     return [*range(p, (p + 1) // 2 - 1, -1), 1]
 
 
-def gis_slots(p: int, m: int, v: int, g: int, g_min: int) -> list[list[tuple[int, Action]]]:
-    """Per device, (slot, action) of every op in slot order (see the module doc)."""
+def block_shape(p: int, v: int, g: int, g_min: int) -> tuple[int, int]:
+    """``(k, period)`` of the building block of group size ``g``: each chunk's forwards ``k``
+    groups apart, a gap every ``period`` chunks (see the module doc). Raises ValueError where
+    the block does not exist (``g`` outside 1..p, or ``3 k g <= p``)."""
     if not 1 <= g <= p:
         raise ValueError(f"group size {g} is outside 1..{p}")
     k = -(-g_min // g)
     if max(0, 2 * p - 3 * k * g) >= p:
         raise ValueError(f"group size {g}: the published building block needs 3kg > p")
-    period = v // math.gcd(v, k)
+    return k, v // math.gcd(v, k)
+
+
+def gis_slots(p: int, m: int, v: int, g: int, g_min: int) -> list[list[tuple[int, Action]]]:
+    """Per device, (slot, action) of every op in slot order (see the module doc)."""
+    k, period = block_shape(p, v, g, g_min)
     block = 3 * g * v
 
     def f_off(c: int, i: int, d: int) -> int:
