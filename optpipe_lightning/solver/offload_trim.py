@@ -20,17 +20,12 @@ import time
 from ..schedule.baselines import make_schedule
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import simulate
+from .action_search import _drop
 
 Rows = list[list[Action]]
 # the most simulations ``solve`` spends on it: every (stage, chunk) dropped whole, plus a few
 # halvings where some must stay (``solve`` also stops it at its time limit)
 TRIM_TRIES = 400
-
-
-def _without(rows: Rows, s: int, keys: set[tuple[int, int]]) -> Rows:
-    out = list(rows)
-    out[s] = [a for a in rows[s] if not (not a.is_compute and (a.mb, a.chunk) in keys)]
-    return out
 
 
 def trim_offloads(
@@ -67,8 +62,8 @@ def trim_offloads(
             size = len(todo)
             while todo and size >= 1 and more():
                 part = todo[-size:]
-                cand = _without(rows, s, {(mb, c) for mb in part})
-                if kept(cand):
+                cand = _drop(rows, s, {(mb, c) for mb in part})
+                if cand is not None and kept(cand):
                     rows, dropped = cand, dropped + len(part)
                     todo = todo[: len(todo) - len(part)]
                     size = min(size, len(todo))
