@@ -7,46 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from search_problems import check_rows, gpt_problem
 
-from optpipe_lightning.cli import app
-from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.schedule.baselines._gis_order import gis_order
 from optpipe_lightning.solver import final_groups
 
-runner = CliRunner()
-
-
-def _problem(tmp: Path, stages: int, microbatches: int, memory_microbatches: int) -> Problem:
-    """bench_peer's family at a small size (h4096, s8k, 4 chunks, offload over a shared lane)."""
-    path = tmp / "p.json"
-    args = f"--layers {4 * stages} --hidden 4096 --heads 32 --seq-len 8192 --microbatch-size 1"
-    args += f" --device h100 --efficiency 0.35 --attention flash --stages {stages}"
-    args += f" --microbatches {microbatches} --chunks 4 --placement interleaved"
-    args += f" --memory-limit-microbatches {memory_microbatches} --offload"
-    args += " --copy-bandwidth 25GB --stages-per-copy-channel 2"
-    res = runner.invoke(app, ["problem", *args.split(), "--out", str(path)])
-    assert res.exit_code == 0, res.output
-    return Problem.model_validate_json(path.read_text())
-
-
-def _check_rows(pb: Problem, rows: list[list]) -> None:
-    """Every compute op once; F before B before W; each OFFLOAD before its RELOAD before its B."""
-    for s in range(pb.num_stages):
-        ops = [(a.op, a.mb, a.chunk) for a in rows[s]]
-        assert len(ops) == len(set(ops))
-        assert sum(1 for a in rows[s] if a.is_compute) == 3 * pb.num_microbatches * pb.num_chunks
-        for j in range(pb.num_microbatches):
-            for c in range(pb.num_chunks):
-                f, b = ops.index(("F", j, c)), ops.index(("B", j, c))
-                assert f < b < ops.index(("W", j, c))
-                if ("OFFLOAD", j, c) in ops:
-                    assert f < ops.index(("OFFLOAD", j, c)) < ops.index(("RELOAD", j, c)) < b
-
 
 def test_equal_groups_are_the_published_order(tmp_path: Path) -> None:
-    pb = _problem(tmp_path, 4, 8, 3)
+    pb = gpt_problem(tmp_path, 4, 8, memory_microbatches=3)
     for g in (2, 4):
         assert final_groups.mixed_order(pb, [g] * (8 // g)) == gis_order(pb, g)
     with pytest.raises(ValueError, match="do not sum to 8"):
@@ -66,7 +36,7 @@ def test_size_lists_balance_or_move_the_remainder() -> None:
 def test_unequal_groups_beat_pipeoffload_where_its_last_group_is_short(tmp_path: Path) -> None:
     # 4 stages, 10 microbatches, 75% memory: PipeOffload's best is g = 2 (1.8071 when written);
     # groups of 4, 4, 2 with one chunk offloaded (lazy grid) run 1.7471
-    pb = _problem(tmp_path, 4, 10, 3)
+    pb = gpt_problem(tmp_path, 4, 10, memory_microbatches=3)
     base = generate("pipeoffload", pb)
     assert base.evaluation is not None and base.evaluation.makespan is not None
     found = list(final_groups.members(pb, base.evaluation.makespan, max_tries=200))
@@ -82,7 +52,7 @@ def test_unequal_groups_beat_pipeoffload_where_its_last_group_is_short(tmp_path:
     for peak, limit in zip(again.evaluation.peak_memory, pb.memory_limits(), strict=True):
         assert limit is not None and peak <= limit * (1 + 1e-9)
     rows = [list(r) for r in best.actions]
-    _check_rows(pb, rows)
+    check_rows(pb, rows)
     # deterministic: the same schedule each time; no tries find nothing
     repeat = list(final_groups.members(pb, base.evaluation.makespan, max_tries=200))
     assert [list(map(list, s.actions)) for s in repeat] == [
@@ -94,7 +64,7 @@ def test_unequal_groups_beat_pipeoffload_where_its_last_group_is_short(tmp_path:
 
 
 def test_one_chunk_or_no_limit_is_left_alone(tmp_path: Path) -> None:
-    pb = _problem(tmp_path, 4, 10, 3)
+    pb = gpt_problem(tmp_path, 4, 10, memory_microbatches=3)
     assert list(final_groups.members(pb.with_changes(memory_limit=None), 1e9)) == []
 
 
@@ -103,7 +73,7 @@ def test_unequal_groups_run_inside_solve(tmp_path: Path) -> None:
 
     from optpipe_lightning.solver import Incumbent, solve
 
-    pb = _problem(tmp_path, 4, 10, 3)
+    pb = gpt_problem(tmp_path, 4, 10, memory_microbatches=3)
     seen: list[Incumbent] = []
     res = solve(
         pb,

@@ -7,45 +7,15 @@ from pathlib import Path
 
 import pytest
 from bench_problems import bench_problem
-from typer.testing import CliRunner
+from search_problems import check_rows, gpt_problem
 
-from optpipe_lightning.cli import app
-from optpipe_lightning.schedule import Problem, simulate
+from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
 from optpipe_lightning.solver import warmup_fill
 
-runner = CliRunner()
-
-
-def _gpt_problem(tmp: Path, stages: int = 4, microbatches: int = 8, chunks: int = 4) -> Problem:
-    """bench_peer's family at a small size: PipeOffload's g < p leaves warm-up gaps here."""
-    path = tmp / "p.json"
-    args = f"--layers {4 * stages} --hidden 4096 --heads 32 --seq-len 8192 --microbatch-size 1"
-    args += f" --device h100 --efficiency 0.35 --attention flash --stages {stages}"
-    args += f" --microbatches {microbatches} --chunks {chunks} --placement interleaved"
-    args += f" --memory-limit-microbatches {stages // 2} --offload"
-    args += " --copy-bandwidth 25GB --stages-per-copy-channel 2"
-    res = runner.invoke(app, ["problem", *args.split(), "--out", str(path)])
-    assert res.exit_code == 0, res.output
-    return Problem.model_validate_json(path.read_text())
-
-
-def _check_rows(pb: Problem, rows: list[list]) -> None:
-    """Every compute op once; F before B before W; each OFFLOAD before its RELOAD before its B."""
-    for s in range(pb.num_stages):
-        ops = [(a.op, a.mb, a.chunk) for a in rows[s]]
-        assert len(ops) == len(set(ops))
-        assert sum(1 for a in rows[s] if a.is_compute) == 3 * pb.num_microbatches * pb.num_chunks
-        for j in range(pb.num_microbatches):
-            for c in range(pb.num_chunks):
-                f, b = ops.index(("F", j, c)), ops.index(("B", j, c))
-                assert f < b < ops.index(("W", j, c))
-                if ("OFFLOAD", j, c) in ops:
-                    assert f < ops.index(("OFFLOAD", j, c)) < ops.index(("RELOAD", j, c)) < b
-
 
 def test_the_fill_beats_pipeoffload_where_its_warm_up_waits(tmp_path: Path) -> None:
-    pb = _gpt_problem(tmp_path)
+    pb = gpt_problem(tmp_path)
     base = generate("pipeoffload", pb)
     assert base.evaluation is not None and base.evaluation.makespan is not None
     found = warmup_fill.best_fill(pb, base.actions, max_tries=56)
@@ -57,7 +27,7 @@ def test_the_fill_beats_pipeoffload_where_its_warm_up_waits(tmp_path: Path) -> N
     assert again.feasible and again.makespan == res.makespan
     for peak, limit in zip(again.evaluation.peak_memory, pb.memory_limits(), strict=True):
         assert limit is not None and peak <= limit * (1 + 1e-9)
-    _check_rows(pb, rows)
+    check_rows(pb, rows)
     per, rounds, _ = label.split("/")
     assert int(per) >= 1 and 1 <= int(rounds) < pb.num_chunks
     # deterministic: the same rows each time; fewer tries find no more
@@ -67,12 +37,12 @@ def test_the_fill_beats_pipeoffload_where_its_warm_up_waits(tmp_path: Path) -> N
 
 
 def test_every_filled_candidate_is_a_valid_order(tmp_path: Path) -> None:
-    pb = _gpt_problem(tmp_path)
+    pb = gpt_problem(tmp_path)
     base = generate("pipeoffload", pb)
     n = 0
     for label, rows in warmup_fill.candidates(base.actions, pb.num_chunks):
         n += 1
-        _check_rows(pb, rows)
+        check_rows(pb, rows)
         per, rounds, _ = label.split("/")
         lead = rows[0][0].mb
         # the moved forwards sit right before the group's lead's forward of chunks 1..rounds
@@ -98,7 +68,7 @@ def test_the_fill_runs_inside_solve(tmp_path: Path) -> None:
 
     from optpipe_lightning.solver import Incumbent, solve
 
-    pb = _gpt_problem(tmp_path)
+    pb = gpt_problem(tmp_path)
     seen: list[Incumbent] = []
     res = solve(
         pb,
