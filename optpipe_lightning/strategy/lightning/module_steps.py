@@ -303,9 +303,7 @@ class ModuleStep:
         try:
             mine = self.payload()
             box = self._handout_box(mine, layout, device)
-            work = dist.broadcast(
-                box, group=comm.handout_group, group_src=last_rank, async_op=True
-            )
+            work = dist.broadcast(box, group=comm.handout_group, group_src=last_rank, async_op=True)
         except Exception:
             return
         self._posted = (work, box, mine)
