@@ -127,7 +127,7 @@ class PipelinedSteps:
             step.post_training(self.comm, engine.last_rank, self.device, self.log_layout)
 
         def run() -> tuple[Tensor, StepPayload]:
-            engine.after_last_loss = None  # XXX
+            engine.after_last_loss = post if self.comm.pp_rank == engine.last_rank else None
             try:
                 with context():
                     sched.run_step(
