@@ -136,8 +136,14 @@ class ModuleStep:
 
     # ---- 1. inputs ---------------------------------------------------------------------------
 
-    def inputs(self, microbatches: Sequence[Any]) -> list[tuple[Tensor, ...]]:
-        """The forward's arguments for each microbatch (every rank; the step stops there)."""
+    def inputs(
+        self, microbatches: Sequence[Any], fingerprint: bool = True
+    ) -> list[tuple[Tensor, ...]]:
+        """The forward's arguments for each microbatch (every rank; the step stops there).
+
+        ``fingerprint``: keep their values' fingerprints, which the last stage's ``answer``
+        checks; a rank known not to hold the last stage skips them (two reductions over every
+        input tensor per microbatch and step)."""
         out: list[tuple[Tensor, ...]] = []
         for batch in microbatches:
 
@@ -174,7 +180,8 @@ class ModuleStep:
                     f"({_shapes(out[0])} and {_shapes(args)}); the pipeline needs equal shapes "
                     "(pad every batch to one length)"
                 )
-            self._signatures.append(signature(args))
+            if fingerprint:
+                self._signatures.append(signature(args))
             out.append(tuple(args))
         return out
 
@@ -199,7 +206,7 @@ class ModuleStep:
                     "pipeline answers one forward per step: call self(inputs) once"
                 )
             calls.append(1)
-            if signature(a) != self._signatures[i]:
+            if i < len(self._signatures) and signature(a) != self._signatures[i]:
                 raise PipelineStepError(
                     f"{self.hook} computed other inputs for the forward when it ran again "
                     "(randomness in the step before self(...)?): the step runs twice on the "

@@ -98,8 +98,10 @@ class PipelinedSteps:
         except MicrobatchError as e:
             raise OptPipeConfigError(str(e)) from None
         step = ModuleStep(module, "training_step", rest, kw, train=True, guard=self.guard)
+        # only the rank of the last stage checks the step's inputs (``ModuleStep.answer``)
+        last = sched.engine is None or self.comm.pp_rank == sched.engine.last_rank
         with context():
-            arg_mbs = step.inputs(mbs)
+            arg_mbs = step.inputs(mbs, fingerprint=last)
             if first:
                 self.check_chain(module, sched, arg_mbs[0])
         if first:
