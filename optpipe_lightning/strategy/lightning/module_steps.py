@@ -131,8 +131,8 @@ class ModuleStep:
         self.failure: BaseException | None = None
         self.error: str | None = None
         # the hand-out the last stage started inside the pipeline (``post_training``):
-        # (work, tensor, payload)
-        self._posted: tuple[Any, Tensor, StepPayload] | None = None
+        # (work, tensor, its kind)
+        self._posted: tuple[Any, Tensor, int] | None = None
 
     # ---- 1. inputs ---------------------------------------------------------------------------
 
@@ -280,9 +280,13 @@ class ModuleStep:
         if self.train and self._losses:
             out.loss = float(torch.stack(self._losses).double().mean())
         out.logs = _joined_logs(self._logs)
-        if self._outputs and any(o is not None for o in self._outputs):
+        if self._has_output():
             out.output = _to_cpu(merge_outputs(self._outputs))
         return out
+
+    def _has_output(self) -> bool:
+        """Whether the step returned more than its loss (a dict of the loss alone does not)."""
+        return any(o is not None and not (isinstance(o, dict) and not o) for o in self._outputs)
 
     def share(self, comm: PipelineComm, last_rank: int) -> StepPayload:
         """The last stage's payload on every rank of the pipeline (a collective)."""
@@ -308,20 +312,27 @@ class ModuleStep:
         if self._posted is not None or comm.handout_group is None or comm.pp_rank != last_rank:
             return
         try:
-            mine = self.payload()
-            box = self._handout_box(mine, layout, device)
+            box, kind = self._handout_box(layout, device)
             work = dist.broadcast(box, group=comm.handout_group, group_src=last_rank, async_op=True)
         except Exception:
             return
-        self._posted = (work, box, mine)
+        self._posted = (work, box, kind)
 
-    def _handout_box(self, mine: StepPayload, layout: LogLayout, device: torch.device) -> Tensor:
-        """(loss, kind, the logged values...) of the last stage's ``mine``."""
+    def _handout_box(self, layout: LogLayout, device: torch.device) -> tuple[Tensor, int]:
+        """(loss, kind, the logged values...) of the last stage's step, and its kind. Built
+        where the values are, reading nothing back from the device (inside the pipeline a read
+        would wait for every op queued before it): the values ``payload`` gives, exactly."""
         box = torch.zeros(2 + len(layout.entries), dtype=torch.float64, device=device)
-        simple = mine.error is None and mine.output is None and layout.packs(mine.logs, box)
-        box[1] = (_LOSS if mine.loss is not None else _EMPTY) if simple else _OBJECTS
-        box[0] = mine.loss if simple and mine.loss is not None else 0.0
-        return box
+        simple = (
+            self.error is None
+            and not self._has_output()
+            and layout.packs(_joined_logs(self._logs, on_host=False), box)
+        )
+        kind = (_LOSS if self.train and self._losses else _EMPTY) if simple else _OBJECTS
+        box[1] = kind
+        if kind == _LOSS:
+            box[0] = torch.stack(self._losses).double().mean()
+        return box, kind
 
     def share_training(
         self,
@@ -351,15 +362,13 @@ class ModuleStep:
         posted, self._posted = self._posted, None
         if comm.pp_rank == last_rank:
             if posted is not None:
-                work, box, mine = posted
+                work, box, kind = posted
             else:
-                mine = self.payload()
-                box = self._handout_box(mine, layout, device)
+                box, kind = self._handout_box(layout, device)
                 work = dist.broadcast(box, group=group, group_src=last_rank, async_op=True)
-            kind = int(box[1])
             if kind != _OBJECTS:
                 keep(work, box)  # held: the others take it at the end of their pipeline step
-                return mine
+                return self.payload()
             work.wait()  # the pickled hand-out below waits for the others anyway
         else:
             box = torch.zeros(2 + len(layout.entries), dtype=torch.float64, device=device)
@@ -429,9 +438,10 @@ def _logged(
 
 def _joined_logs(
     per_microbatch: Sequence[Sequence[tuple[str, Tensor, dict[str, Any]]]],
+    on_host: bool = True,
 ) -> list[tuple[str, Tensor, dict[str, Any]]]:
     """Each name's microbatch values joined into the batch's (``combine_logged``), in
-    first-logged order."""
+    first-logged order, on the host (or where they were computed)."""
     values: dict[str, list[Tensor]] = {}
     options: dict[str, dict[str, Any]] = {}
     sizes: dict[str, int] = {}
@@ -447,7 +457,8 @@ def _joined_logs(
         opts = options[name]
         if name in sizes:  # the whole batch's size, as one device would give it
             opts["batch_size"] = sizes[name]
-        out.append((name, combine_logged(vals, opts.get("reduce_fx", "mean")).cpu(), opts))
+        value = combine_logged(vals, opts.get("reduce_fx", "mean"))
+        out.append((name, value.cpu() if on_host else value, opts))
     return out
 
 

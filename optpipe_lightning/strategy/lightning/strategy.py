@@ -72,7 +72,7 @@ from ..runtime.materialize import (
     has_meta_tensors,
 )
 from ..runtime.peer_errors import PeerWatch, end_for_peer
-from ..runtime.process_groups import PipelineComm, make_groups
+from ..runtime.process_groups import PipelineComm, make_groups, release_handout_group
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
 from .model_state import CheckpointFormat, ModelStateStrategy
@@ -599,6 +599,8 @@ class OptPipeStrategy(ModelStateStrategy):
             self._peers = None
         if self.scheduler is not None:
             self.scheduler.close(self._status or "finished")
+        if self._status in (None, "finished") and self.comm is not None:
+            release_handout_group(self.comm)  # a failed run's may still wait on a lost peer
         module = self.lightning_module
         for hook in self._installed:
             if module is not None:

@@ -88,3 +88,13 @@ def make_groups(num_stages: int, data_parallel: int, global_rank: int) -> Pipeli
         if s == comm.pp_rank:
             comm.dp_group = g
     return comm
+
+
+def release_handout_group(comm: PipelineComm) -> None:
+    """Destroy the loss hand-out's group (``make_groups`` made it; a run that ended cleanly has
+    no hand-out in flight): its threads go now, not in the interpreter's exit, where a group
+    torn down with its peers already gone can abort the process."""
+    group, comm.handout_group = comm.handout_group, None
+    if group is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.destroy_process_group(group)
