@@ -8,7 +8,7 @@ search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; 
 its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
 forwards; ``final_groups``: unequal group sizes, no short last group, filled in turn; then
 ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
-the time left; where copies are as
+the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family); where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
@@ -87,8 +87,16 @@ SCREEN_RULES_SHARE = 0.5
 # left before the backend (the relaxation) gets the rest
 LNS_SHARE = 0.5
 # the search beyond the rules (``gis_search``, then ``action_search``) gets this share of the
-# time left after the baselines
+# time left after the baselines; on PipeOffload's family (``gis_search.applies``) the larger
+# share: there its steps are what beat the best baseline (issue 32; the periodic patterns, the
+# LNS and CP-SAT after it improved on it by 0.002-0.03%)
 SEARCH_SHARE = 0.4
+SEARCH_SHARE_FAMILY = 0.65
+# of the search's window, the group sizes and the order knobs end by this share: the warm-up
+# fill and the unequal final groups after them found the best of 6 of bench_peer's 15 problems,
+# the order knobs none, and a first-come share let the knobs take them (compare --time-limit 60
+# on h4096-s8k-p8-m32-50%: order knobs 7.7 s, final groups 0.66 s of the 3.4 s they need)
+ORDER_SHARE = 0.3
 # with a deterministic time (no wall clock decides), the candidates the action search may try
 SEARCH_DETERMINISTIC_TRIES = 200
 # with a deterministic time (no wall clock decides), the windows the search may take
@@ -338,19 +346,29 @@ def run_pipeline(
     return used, proven_optimal, message
 
 
+def search_deadlines(now: float, left: float, family: bool) -> tuple[float, float]:
+    """(end of the group sizes and order knobs, end of the whole search) for a search starting
+    at ``now`` with ``left`` seconds of the solve left; ``family``: PipeOffload's family
+    (``SEARCH_SHARE_FAMILY``, else ``SEARCH_SHARE``)."""
+    window = (SEARCH_SHARE_FAMILY if family else SEARCH_SHARE) * max(0.0, left)
+    return now + ORDER_SHARE * window, now + window
+
+
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
     """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
     order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
     filled with later forwards (``warmup_fill``), then unequal group sizes (``final_groups``: no
     short last group; the fastest filled in turn), then the local search over the best
     schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
-    the time left; each improvement is offered."""
+    the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family, the group sizes and order
+    knobs within ``ORDER_SHARE`` of it: ``search_deadlines``); each improvement is offered."""
     from . import action_search, final_groups, gis_search, order_search, warmup_fill
 
-    until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
-    if gis_search.applies(problem):
+    family = gis_search.applies(problem)
+    orders_until, until = search_deadlines(time.perf_counter(), budget.left(), family)
+    if family:
         with budget.phase("search: group sizes"):
-            for sched in gis_search.extra_members(problem, best.makespan, until):
+            for sched in gis_search.extra_members(problem, best.makespan, orders_until):
                 best.offer(sched, f"search:g={sched.params['group_size']}")
         with budget.phase("search: order knobs"):
             # deterministic: a count of simulations, not the clock, ends it
@@ -358,7 +376,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             for sched in order_search.members(
                 problem,
                 best.makespan,
-                None if det else until,
+                None if det else orders_until,
                 max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
             ):
                 best.offer(sched, "search:order")
