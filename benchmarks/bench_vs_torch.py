@@ -306,7 +306,9 @@ def optpipe_child(args: argparse.Namespace) -> None:
     engine_mod.run_step = timed(engine_mod.run_step, "pipeline")
     for cls, name, key in (
         (engine_mod.PipelineEngine, "_broadcast_loss", "loss"),
-        (ModuleStep, "share", "loss"),  # the Lightning path's hand-out (loss, logs, outputs)
+        # the Lightning path's hand-out (loss, logs, outputs): a training step's, whose wait for
+        # the last stage is where a late hand-out shows (the pickled ``share`` runs inside it)
+        (ModuleStep, "share_training", "loss"),
         (Scheduler, "at_boundary", "boundary"),
     ):
         if hasattr(cls, name):

@@ -1,7 +1,8 @@
 """The training step's hand-out of the last stage's payload (``ModuleStep.share_training``):
 every rank gets what ``share`` would give, the loss bit for bit, whichever rank is the last
 stage; the last stage does not wait for the others when it sends the loss alone, or the loss
-and values logged under the names, options and dtypes of the last pickled hand-out."""
+and values logged under the names, options and dtypes of the last pickled hand-out; the same
+when the last stage started the hand-out inside the pipeline (``post_training``)."""
 
 from __future__ import annotations
 
@@ -55,13 +56,25 @@ STEPS: list[tuple[list[float], bool | str, str | None]] = [
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        comm = PipelineComm(num_stages=world, global_rank=rank, pp_group=dist.group.WORLD)
+        plain = PipelineComm(num_stages=world, global_rank=rank, pp_group=dist.group.WORLD)
+        early = PipelineComm(
+            num_stages=world,
+            global_rank=rank,
+            pp_group=dist.group.WORLD,
+            handout_group=dist.new_group(list(range(world))),
+        )
         rows: list[Any] = []
-        for last in range(world):  # the last stage on rank 1 (1F1B) and on rank 0 (V-shape)
+        # the last stage on rank 1 (1F1B) and on rank 0 (V-shape); then again with the hand-out
+        # started inside the pipeline (``post_training``, on a group of its own)
+        for last, posted in ((0, False), (1, False), (0, True), (1, True)):
+            comm = early if posted else plain
             layout = LogLayout()  # kept across steps, as the strategy keeps it
             for losses, logs, error in STEPS:
                 kept: list[Any] = []
                 step = _step(losses, logs, error)
+                if posted:
+                    step.post_training(comm, last, torch.device("cpu"), layout)
+                    assert (step._posted is not None) == (rank == last)
                 try:
                     got = step.share_training(
                         comm,
@@ -96,9 +109,9 @@ def test_training_handout_matches_share_on_every_rank() -> None:
     count = ("count", torch.int64, COUNT, {"reduce_fx": "sum"})
     n = len(STEPS)
     for rank, mine in enumerate(rows):
-        for last in range(world):
+        for run, last in enumerate((0, 1, 0, 1)):
             loss_only, empty, logged, failed, again, other, other_again, unlogged, plain = mine[
-                n * last : n * last + n
+                n * run : n * run + n
             ]
             kept = 1 if rank == last else 0  # only the sender keeps a hand-out it did not wait for
             assert loss_only == (mean, [], kept)  # exact

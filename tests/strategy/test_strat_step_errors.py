@@ -89,6 +89,18 @@ class FailsOnSecondBatch(LM):
         return _loss(self, logits, y)
 
 
+class RandomInputsOnSecondBatch(LM):
+    """Random inputs from the second step on: the step's run on the last stage calls the
+    forward with other values than its run on every rank (only that rank fingerprints them
+    after the first step)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if batch_idx == 1:
+            x = torch.randint(0, 2, x.shape, dtype=x.dtype)
+        return _loss(self, self(x), y)
+
+
 class ManualOptimization(LM):
     def __init__(self) -> None:
         super().__init__()
@@ -137,6 +149,12 @@ CASES: dict[str, tuple[Callable[[], pl.LightningModule], dict[str, Any], dict[st
         {},
         "training_step raised ValueError: the second batch is broken (on the last pipeline "
         "stage, microbatch 0)",
+    ),
+    "random inputs": (
+        RandomInputsOnSecondBatch,
+        {},
+        {},
+        "training_step computed other inputs for the forward when it ran again",
     ),
     "manual optimization": (ManualOptimization, {}, {}, "uses manual optimization"),
     "no steps, no loss_fn": (

@@ -130,11 +130,20 @@ class ModuleStep:
         self._outputs: list[Any] = []
         self.failure: BaseException | None = None
         self.error: str | None = None
+        # the hand-out the last stage started inside the pipeline (``post_training``):
+        # (work, tensor, payload)
+        self._posted: tuple[Any, Tensor, StepPayload] | None = None
 
     # ---- 1. inputs ---------------------------------------------------------------------------
 
-    def inputs(self, microbatches: Sequence[Any]) -> list[tuple[Tensor, ...]]:
-        """The forward's arguments for each microbatch (every rank; the step stops there)."""
+    def inputs(
+        self, microbatches: Sequence[Any], fingerprint: bool = True
+    ) -> list[tuple[Tensor, ...]]:
+        """The forward's arguments for each microbatch (every rank; the step stops there).
+
+        ``fingerprint``: keep their values' fingerprints, which the last stage's ``answer``
+        checks; a rank known not to hold the last stage skips them (two reductions over every
+        input tensor per microbatch and step)."""
         out: list[tuple[Tensor, ...]] = []
         for batch in microbatches:
 
@@ -171,7 +180,8 @@ class ModuleStep:
                     f"({_shapes(out[0])} and {_shapes(args)}); the pipeline needs equal shapes "
                     "(pad every batch to one length)"
                 )
-            self._signatures.append(signature(args))
+            if fingerprint:
+                self._signatures.append(signature(args))
             out.append(tuple(args))
         return out
 
@@ -196,7 +206,7 @@ class ModuleStep:
                     "pipeline answers one forward per step: call self(inputs) once"
                 )
             calls.append(1)
-            if signature(a) != self._signatures[i]:
+            if i < len(self._signatures) and signature(a) != self._signatures[i]:
                 raise PipelineStepError(
                     f"{self.hook} computed other inputs for the forward when it ran again "
                     "(randomness in the step before self(...)?): the step runs twice on the "
@@ -286,6 +296,33 @@ class ModuleStep:
             raise PipelineStepError(mine.error) from self.failure
         return mine
 
+    def post_training(
+        self, comm: PipelineComm, last_rank: int, device: torch.device, layout: LogLayout
+    ) -> None:
+        """The last stage, inside the pipeline right after its last microbatch's step answered
+        (the engine's ``after_last_loss``): start the hand-out ``share_training`` would send
+        after the step, on ``comm.handout_group``, without waiting for the other ranks, so
+        they can take it when their own pipeline step ends instead of after this rank's last
+        backwards (the V-shape's last stage finishes last). Never raises (the other ranks are
+        inside the pipeline): anything that fails here is left to ``share_training``."""
+        if self._posted is not None or comm.handout_group is None or comm.pp_rank != last_rank:
+            return
+        try:
+            mine = self.payload()
+            box = self._handout_box(mine, layout, device)
+            work = dist.broadcast(box, group=comm.handout_group, group_src=last_rank, async_op=True)
+        except Exception:
+            return
+        self._posted = (work, box, mine)
+
+    def _handout_box(self, mine: StepPayload, layout: LogLayout, device: torch.device) -> Tensor:
+        """(loss, kind, the logged values...) of the last stage's ``mine``."""
+        box = torch.zeros(2 + len(layout.entries), dtype=torch.float64, device=device)
+        simple = mine.error is None and mine.output is None and layout.packs(mine.logs, box)
+        box[1] = (_LOSS if mine.loss is not None else _EMPTY) if simple else _OBJECTS
+        box[0] = mine.loss if simple and mine.loss is not None else 0.0
+        return box
+
     def share_training(
         self,
         comm: PipelineComm,
@@ -299,7 +336,9 @@ class ModuleStep:
         to take it (``keep(work, tensor)`` holds the hand-out until the engine's
         ``finish_loss_handout``). The last stage can be the rank that finishes its backwards
         first (1F1B) or last (the V-shape, where it also holds the first stage), so waiting
-        there would hold its optimizer update, or the others', back to a common point.
+        there would hold its optimizer update, or the others', back to a common point; the
+        tensor goes out as soon as the last microbatch's step answered where the last stage
+        started it then (``post_training``, on ``comm.handout_group``), else now.
 
         The tensor carries the loss and, when the step logged the same names with the same
         options and dtypes as at the last pickled hand-out (``layout``, kept alike on every
@@ -308,22 +347,24 @@ class ModuleStep:
         if not (comm.distributed and comm.num_stages > 1):
             return self.share(comm, last_rank)
         layout = layout if layout is not None else LogLayout()
-        n = len(layout.entries)
-        sender = comm.pp_rank == last_rank
-        mine = self.payload() if sender else None
-        box = torch.zeros(2 + n, dtype=torch.float64, device=device)  # (loss, kind, logs...)
-        if mine is not None:
-            simple = mine.error is None and mine.output is None and layout.packs(mine.logs, box)
-            box[1] = (_LOSS if mine.loss is not None else _EMPTY) if simple else _OBJECTS
-            box[0] = mine.loss if simple and mine.loss is not None else 0.0
-            if simple:
-                keep(
-                    dist.broadcast(box, group=comm.pp_group, group_src=last_rank, async_op=True),
-                    box,
-                )
+        group = comm.handout_group if comm.handout_group is not None else comm.pp_group
+        posted, self._posted = self._posted, None
+        if comm.pp_rank == last_rank:
+            if posted is not None:
+                work, box, mine = posted
+            else:
+                mine = self.payload()
+                box = self._handout_box(mine, layout, device)
+                work = dist.broadcast(box, group=group, group_src=last_rank, async_op=True)
+            kind = int(box[1])
+            if kind != _OBJECTS:
+                keep(work, box)  # held: the others take it at the end of their pipeline step
                 return mine
-        dist.broadcast(box, group=comm.pp_group, group_src=last_rank)
-        kind = int(box[1])
+            work.wait()  # the pickled hand-out below waits for the others anyway
+        else:
+            box = torch.zeros(2 + len(layout.entries), dtype=torch.float64, device=device)
+            dist.broadcast(box, group=group, group_src=last_rank)
+            kind = int(box[1])
         if kind == _OBJECTS:
             shared = self.share(comm, last_rank)
             layout.learn(shared.logs)

@@ -98,8 +98,10 @@ class PipelinedSteps:
         except MicrobatchError as e:
             raise OptPipeConfigError(str(e)) from None
         step = ModuleStep(module, "training_step", rest, kw, train=True, guard=self.guard)
+        # only the rank of the last stage checks the step's inputs (``ModuleStep.answer``)
+        last = sched.engine is None or self.comm.pp_rank == sched.engine.last_rank
         with context():
-            arg_mbs = step.inputs(mbs)
+            arg_mbs = step.inputs(mbs, fingerprint=last)
             if first:
                 self.check_chain(module, sched, arg_mbs[0])
         if first:
@@ -117,9 +119,24 @@ class PipelinedSteps:
         keep_local_optimizer_state(optimizers, params)
         accumulate = max(1, int(module.trainer.accumulate_grad_batches))
 
+        def post() -> None:
+            # the last stage, right after the last microbatch's loss: the others have taken the
+            # last step's hand-out by now (they are in this step's pipeline), so no wait
+            try:
+                engine.finish_loss_handout()
+            except Exception:  # a peer gone: the hand-out after the step reports it
+                return
+            step.post_training(self.comm, engine.last_rank, self.device, self.log_layout)
+
         def run() -> tuple[Tensor, StepPayload]:
-            with context():
-                sched.run_step(arg_mbs, list(enumerate(mbs)), loss_scale / accumulate, step.answer)
+            engine.after_last_loss = post if self.comm.pp_rank == engine.last_rank else None
+            try:
+                with context():
+                    sched.run_step(
+                        arg_mbs, list(enumerate(mbs)), loss_scale / accumulate, step.answer
+                    )
+            finally:
+                engine.after_last_loss = None
             engine.finish_loss_handout()  # the last step's, before this one's
             payload = step.share_training(
                 self.comm, engine.last_rank, self.device, engine.keep_handout, self.log_layout

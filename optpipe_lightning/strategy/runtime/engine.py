@@ -103,7 +103,13 @@ class _LossHook:
     """
 
     stages: list[OptPipeStage]
+    problem: Problem
     loss_scale = 1.0
+    # called once per step on the last group's rank, right after the last microbatch's loss
+    # (every microbatch's step has answered by then): the strategy starts the loss hand-out
+    # there, so the other ranks need not wait for this rank's last backwards. It must not raise
+    # or wait for another rank (the other ranks are inside the pipeline).
+    after_last_loss: Callable[[], None] | None = None
 
     def _begin(self, targets: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None) -> None:
         self._targets = targets
@@ -114,16 +120,25 @@ class _LossHook:
     def _loss(self, output: Any, _target: Any) -> torch.Tensor:
         stage = next((st for st in self.stages if st.is_last), None)
         fn = getattr(self, "_loss_fn", None)
-        if stage is None or fn is None or output is not stage.last_output or self.failure:
+        if stage is None or fn is None or output is not stage.last_output:
             return _zero_loss(output)
         try:
-            loss = fn(output, self._targets[stage.last_output_mb])
+            return self._real_loss(fn, output, stage.last_output_mb)
+        finally:
+            if stage.last_output_mb == self.problem.num_microbatches - 1 and self.after_last_loss:
+                self.after_last_loss()
+
+    def _real_loss(self, fn: Callable[[Any, Any], Any], output: Any, mb: int) -> torch.Tensor:
+        if self.failure:
+            return _zero_loss(output)
+        try:
+            loss = fn(output, self._targets[mb])
         except Exception as e:
             self.failure = e
             return _zero_loss(output)
         if loss is None:
             return _zero_loss(output)
-        self.losses[stage.last_output_mb] = loss.detach()
+        self.losses[mb] = loss.detach()
         return loss * self.loss_scale
 
 

@@ -4,7 +4,8 @@ World rank ``r * p + s`` is stage ``s`` of pipeline replica ``r`` (``p`` stages,
 one pipeline group per replica (its ``p`` stages), one data-parallel group per stage (its ``d``
 copies). ``PipelineComm`` carries the groups and this rank's place in them, with the two
 collectives every part of the strategy needs: an object broadcast from global rank 0 (the rank
-that decides: schedules, calibrations, re-solves) and an all-gather over this pipeline. Without
+that decides: schedules, calibrations, re-solves) and an all-gather over this pipeline; a second
+group per pipeline carries only the training step's loss hand-out. Without
 a process group (tests in one process) both are the identity.
 """
 
@@ -34,6 +35,11 @@ class PipelineComm:
     global_rank: int = 0
     pp_group: Any = None  # this replica's pipeline (None: no process group)
     dp_group: Any = None  # this stage's replicas (None: one replica)
+    # this replica's pipeline again, for the training step's loss hand-out alone: the last
+    # stage starts it while the pipeline's own traffic is in flight (NCCL needs one order of
+    # collectives per group, gloo one per group in practice); None: it goes over ``pp_group``
+    # after the step
+    handout_group: Any = None
 
     @property
     def pp_rank(self) -> int:
@@ -70,11 +76,13 @@ def make_groups(num_stages: int, data_parallel: int, global_rank: int) -> Pipeli
     p, d = num_stages, data_parallel
     if d == 1:
         comm.pp_group = dist.group.WORLD
+        comm.handout_group = dist.new_group(list(range(p)))
         return comm
     for r in range(d):
-        g = dist.new_group(list(range(r * p, (r + 1) * p)))
+        ranks = list(range(r * p, (r + 1) * p))
+        g, h = dist.new_group(ranks), dist.new_group(ranks)
         if r == comm.dp_rank:
-            comm.pp_group = g
+            comm.pp_group, comm.handout_group = g, h
     for s in range(p):
         g = dist.new_group([r * p + s for r in range(d)])
         if s == comm.pp_rank:
