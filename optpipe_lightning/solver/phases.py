@@ -8,7 +8,7 @@ search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; 
 its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
 forwards; ``final_groups``: unequal group sizes, no short last group, filled in turn; then
 ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
-the time left; where copies are as
+the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family); where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
 backward is cheaper than B + W, fuse adjacent B, W pairs of the best where faster (``fusing``, at
@@ -87,8 +87,18 @@ SCREEN_RULES_SHARE = 0.5
 # left before the backend (the relaxation) gets the rest
 LNS_SHARE = 0.5
 # the search beyond the rules (``gis_search``, then ``action_search``) gets this share of the
-# time left after the baselines
+# time left after the baselines; on PipeOffload's family (``gis_search.applies``) the larger
+# share: there its steps are what beat the best baseline (issue 32: CP-SAT, the LNS and the rules
+# improved on it by 0.002-0.03% on two of six problems)
 SEARCH_SHARE = 0.4
+# the rule search runs only where the best list rule is within this of the incumbent
+RULE_SEARCH_REACH = 0.05
+SEARCH_SHARE_FAMILY = 0.65
+# of the search's window, the order knobs (after the group sizes) end by this share: the warm-up
+# fill or the unequal final groups after them are part of the best on 10 of bench_peer's 15
+# problems (BENCHMARKS.md), the order knobs on none, and a first-come share let the knobs take them (compare --time-limit 60
+# on h4096-s8k-p8-m32-50%: order knobs 7.7 s, final groups 0.66 s of the 3.4 s they need)
+ORDER_SHARE = 0.3
 # with a deterministic time (no wall clock decides), the candidates the action search may try
 SEARCH_DETERMINISTIC_TRIES = 200
 # with a deterministic time (no wall clock decides), the windows the search may take
@@ -199,6 +209,22 @@ def screen(
     return out
 
 
+def rules_far_behind(starts: list[tuple[float, ListRule]], incumbent: float) -> str | None:
+    """Why the rule search is not worth its time (None where it is): the best list rule is more
+    than ``RULE_SEARCH_REACH`` slower than the incumbent (a baseline given or made), so tuning
+    the rules' parameters (their search gains 1-3%) cannot reach it, and the search beyond the
+    rules gets the time instead (issue 32: 5.3-5.8 s of a 60 s compare at 32 stages)."""
+    if not starts or incumbent <= 0 or incumbent == float("inf"):
+        return None
+    rule = min(m for m, _ in starts)
+    if rule <= incumbent * (1 + RULE_SEARCH_REACH):
+        return None
+    return (
+        f"rule search (the best list rule, {rule:.4g} s, is {rule / incumbent - 1:.0%} "
+        f"slower than the best schedule, {incumbent:.4g} s)"
+    )
+
+
 def run_pipeline(
     problem: Problem,
     best: Best,
@@ -230,7 +256,10 @@ def run_pipeline(
     def gap_open() -> bool:
         return not best.meets(gap_target)
 
-    if starts and not stopped() and time.perf_counter() < heur_until and gap_open():
+    far = rules_far_behind(starts, best.makespan)
+    if far is not None:
+        budget.skip(far)
+    if starts and far is None and not stopped() and time.perf_counter() < heur_until and gap_open():
         # the rules' parameters tuned to this problem, before the offload repair (which can
         # take the rest of the share at 32x256x1); not once the bound proves the best optimal
         tried = default_rules(problem)
@@ -338,17 +367,27 @@ def run_pipeline(
     return used, proven_optimal, message
 
 
+def search_deadlines(now: float, left: float, family: bool) -> tuple[float, float]:
+    """(end of the order knobs, end of the whole search) for a search starting
+    at ``now`` with ``left`` seconds of the solve left; ``family``: PipeOffload's family
+    (``SEARCH_SHARE_FAMILY``, else ``SEARCH_SHARE``)."""
+    window = (SEARCH_SHARE_FAMILY if family else SEARCH_SHARE) * max(0.0, left)
+    return now + ORDER_SHARE * window, now + window
+
+
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
     """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
     order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
     filled with later forwards (``warmup_fill``), then unequal group sizes (``final_groups``: no
     short last group; the fastest filled in turn), then the local search over the best
     schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
-    the time left; each improvement is offered."""
+    the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family, the order knobs within
+    ``ORDER_SHARE`` of it: ``search_deadlines``); each improvement is offered."""
     from . import action_search, final_groups, gis_search, order_search, warmup_fill
 
-    until = time.perf_counter() + SEARCH_SHARE * max(0.0, budget.left())
-    if gis_search.applies(problem):
+    family = gis_search.applies(problem)
+    orders_until, until = search_deadlines(time.perf_counter(), budget.left(), family)
+    if family:
         with budget.phase("search: group sizes"):
             for sched in gis_search.extra_members(problem, best.makespan, until):
                 best.offer(sched, f"search:g={sched.params['group_size']}")
@@ -358,7 +397,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             for sched in order_search.members(
                 problem,
                 best.makespan,
-                None if det else until,
+                None if det else orders_until,
                 max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
             ):
                 best.offer(sched, "search:order")

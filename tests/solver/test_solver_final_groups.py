@@ -89,3 +89,35 @@ def test_unequal_groups_run_inside_solve(tmp_path: Path) -> None:
     assert any(inc.source == "search:groups" for inc in seen), [i.source for i in seen]
     assert simulate(pb, res.schedule).makespan == pytest.approx(res.makespan)
     assert res.makespan < 1.7472  # the unequal groups (1.7471), or better
+
+
+def test_the_order_knobs_leave_the_fill_and_final_groups_most_of_the_search() -> None:
+    """compare --time-limit 60 on h4096-s8k-p8-m32-50% (issue 32): the order knobs took 7.7 s of
+    the search's 11 s and the final groups got 0.66 s of the 3.4 s they need. Now the order knobs
+    end by ORDER_SHARE of the window, and PipeOffload's family gets the larger share."""
+    from optpipe_lightning.solver import phases
+
+    orders, end = phases.search_deadlines(100.0, 30.0, family=True)
+    assert end == pytest.approx(100.0 + phases.SEARCH_SHARE_FAMILY * 30.0)
+    assert orders - 100.0 == pytest.approx(phases.ORDER_SHARE * (end - 100.0))
+    assert end - orders >= 0.6 * (end - 100.0)  # the fill, final groups and actions' part
+    _orders, other_end = phases.search_deadlines(100.0, 30.0, family=False)
+    assert other_end == pytest.approx(100.0 + phases.SEARCH_SHARE * 30.0)
+    assert other_end < end
+    assert phases.search_deadlines(5.0, -2.0, family=True) == (5.0, 5.0)  # no time left
+
+
+def test_the_rule_search_is_skipped_where_the_rules_are_far_behind(tmp_path: Path) -> None:
+    """At 32 stages the rule search took 5.3 s of a 60 s compare while the best list rule was
+    67% slower than pipeoffload (issue 32): tuning them cannot reach it."""
+    from optpipe_lightning.solver import phases
+    from optpipe_lightning.solver.list_rules import default_rules
+
+    pb = gpt_problem(tmp_path, 4, 8)
+    rule = default_rules(pb)[0]
+    reach = phases.RULE_SEARCH_REACH
+    assert phases.rules_far_behind([], 10.0) is None
+    assert phases.rules_far_behind([(10.0 * (1 + reach) * 0.999, rule)], 10.0) is None
+    why = phases.rules_far_behind([(17.0, rule), (10.0 * (1 + reach) * 1.01, rule)], 10.0)
+    assert why is not None and why.startswith("rule search (")
+    assert phases.rules_far_behind([(17.0, rule)], float("inf")) is None
