@@ -72,9 +72,16 @@ def robust_pick(
         "chosen_mean": chosen_rep.mean,
         "chosen_worst": chosen_rep.worst,
         "chosen_breaks": chosen_rep.breaks,
+        "chosen_makespan": _nominal(chosen),
+        "fastest_makespan": _nominal(best),
         "fastest_mean": best_rep.mean,
         "fastest_worst": best_rep.worst,
         "fastest_breaks": best_rep.breaks,
         "switched": chosen is not best,
     }
     return chosen, summary
+
+
+def _nominal(s: Schedule) -> float | None:
+    """A schedule's makespan without noise (as evaluated), for the summary."""
+    return None if s.evaluation is None else s.evaluation.makespan
