@@ -72,7 +72,7 @@ from ..runtime.materialize import (
     has_meta_tensors,
 )
 from ..runtime.peer_errors import PeerWatch, end_for_peer
-from ..runtime.process_groups import PipelineComm, make_groups, release_handout_group
+from ..runtime.process_groups import PipelineComm, make_groups, release_step_groups
 from ..scheduling.scheduler import Scheduler
 from .launcher import CheckingLauncher
 from .model_state import CheckpointFormat, ModelStateStrategy
@@ -84,6 +84,7 @@ from .private_api import (
     _init_dist_connection,
     _sync_ddp_if_available,
 )
+from .sigterm_check import SigtermCheck, install, uninstall
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
 
 __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
@@ -235,6 +236,7 @@ class OptPipeStrategy(ModelStateStrategy):
         self.scheduler: Scheduler | None = None  # one per trainer call, made in ``setup``
         self._steps: PipelinedSteps | None = None  # the step hooks' work, made in ``setup``
         self._installed: list[str] = []  # default steps put on the module (removed at teardown)
+        self._sigterm: SigtermCheck | None = None  # Lightning's per-step check, unblocked
         self._in_step = False  # a module step runs on this rank alone (no collectives)
         self._status: str | None = None  # how the trainer call ended, when not "finished"
         self._peers: PeerWatch | None = None  # the other ranks' errors (``peer_errors``)
@@ -402,6 +404,8 @@ class OptPipeStrategy(ModelStateStrategy):
         self.spec = self.precheck_model(self.lightning_module, trainer.state.fn == "fit")
         self._status = None
         self._steps = PipelinedSteps(self.comm, self.root_device, self._guard)
+        if trainer.state.fn == "fit" and self._sigterm is None:
+            self._sigterm = install(trainer, self.comm.control_group, self.root_device)
         requested = self.options.num_microbatches
         partition = self._partition(self.spec)
         self.own_layers(self.lightning_module, self.spec, partition)
@@ -599,8 +603,12 @@ class OptPipeStrategy(ModelStateStrategy):
             self._peers = None
         if self.scheduler is not None:
             self.scheduler.close(self._status or "finished")
-        if self._status in (None, "finished") and self.comm is not None:
-            release_handout_group(self.comm)  # a failed run's may still wait on a lost peer
+        clean = self._status in (None, "finished")
+        sigterm, self._sigterm = self._sigterm, None
+        if sigterm is not None:
+            uninstall(sigterm.trainer, sigterm, clean)
+        if clean and self.comm is not None:
+            release_step_groups(self.comm)  # a failed run's may still wait on a lost peer
         module = self.lightning_module
         for hook in self._installed:
             if module is not None:

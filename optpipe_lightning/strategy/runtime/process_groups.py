@@ -40,6 +40,9 @@ class PipelineComm:
     # collectives per group, gloo one per group in practice); None: it goes over ``pp_group``
     # after the step
     handout_group: Any = None
+    # every rank, for the training loop's per-step SIGTERM flag (``lightning/sigterm_check.py``:
+    # asynchronous, in flight while the pipeline runs); None: one process
+    control_group: Any = None
 
     @property
     def pp_rank(self) -> int:
@@ -74,6 +77,8 @@ def make_groups(num_stages: int, data_parallel: int, global_rank: int) -> Pipeli
     """The pipeline and data-parallel groups (every rank creates every group, in one order)."""
     comm = PipelineComm(num_stages, data_parallel, global_rank)
     p, d = num_stages, data_parallel
+    if p * d > 1:
+        comm.control_group = dist.new_group(list(range(p * d)))
     if d == 1:
         comm.pp_group = dist.group.WORLD
         comm.handout_group = dist.new_group(list(range(p)))
@@ -90,11 +95,15 @@ def make_groups(num_stages: int, data_parallel: int, global_rank: int) -> Pipeli
     return comm
 
 
-def release_handout_group(comm: PipelineComm) -> None:
-    """Destroy the loss hand-out's group (``make_groups`` made it; a run that ended cleanly has
-    no hand-out in flight): its threads go now, not in the interpreter's exit, where a group
-    torn down with its peers already gone can abort the process."""
-    group, comm.handout_group = comm.handout_group, None
-    if group is None or not (dist.is_available() and dist.is_initialized()):
+def release_step_groups(comm: PipelineComm) -> None:
+    """Destroy the loss hand-out's and the SIGTERM flag's groups (``make_groups`` made them; a
+    run that ended cleanly has nothing in flight there): their threads go now, not in the
+    interpreter's exit, where a group torn down with its peers already gone can abort the
+    process."""
+    groups = (comm.handout_group, comm.control_group)
+    comm.handout_group = comm.control_group = None
+    if not (dist.is_available() and dist.is_initialized()):
         return
-    dist.destroy_process_group(group)
+    for group in groups:
+        if group is not None:
+            dist.destroy_process_group(group)
