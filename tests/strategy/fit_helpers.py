@@ -106,3 +106,31 @@ class ChainModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class StepModule(ChainModule):
+    """A ``ChainModule`` whose loss is its own ``training_step`` (the path a module's step takes
+    through the pipeline: ``ModuleStep``), SGD at lr 0.01, and ``steps`` generated batches of
+    ``batch`` rows of width ``dim``."""
+
+    def __init__(self, layers: list[nn.Module], dim: int, batch: int, steps: int) -> None:
+        super().__init__(layers)
+        self.dim, self.batch, self.steps = dim, batch, steps
+
+    def configure_pipeline(self) -> PipelineSpec:
+        return PipelineSpec(layers=list(self.blocks))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return mse(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        g = torch.Generator().manual_seed(1)
+        n, d = self.batch * self.steps, self.dim
+        data = TensorDataset(torch.randn(n, d, generator=g), torch.randn(n, d, generator=g))
+        return DataLoader(data, batch_size=self.batch)

@@ -12,42 +12,18 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_helpers import cpu_trainer, fork_strategy
+from fit_helpers import StepModule, cpu_trainer, fork_strategy
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from optpipe_lightning.strategy import PipelineSpec
 from optpipe_lightning.strategy.lightning import module_steps
 
 DIM, BATCH, M, STEPS = 4, 8, 4, 3
 
 
-class Model(pl.LightningModule):
+class Model(StepModule):
     def __init__(self) -> None:
-        super().__init__()
         torch.manual_seed(0)
-        self.blocks = nn.ModuleList([nn.Linear(DIM, DIM) for _ in range(4)])
-
-    def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=list(self.blocks))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(1)
-        n = BATCH * STEPS
-        ds = TensorDataset(torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g))
-        return DataLoader(ds, batch_size=BATCH)
+        super().__init__([nn.Linear(DIM, DIM) for _ in range(4)], DIM, BATCH, STEPS)
 
 
 class Count(pl.Callback):

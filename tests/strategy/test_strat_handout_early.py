@@ -16,11 +16,8 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_helpers import cpu_trainer, fork_strategy
+from fit_helpers import StepModule, cpu_trainer, fork_strategy
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-from optpipe_lightning.strategy import PipelineSpec
 
 DIM, BATCH, M, STEPS = 4, 8, 4, 3
 WAIT_LIMIT_S = 60.0  # only a failure waits this long
@@ -71,37 +68,16 @@ class Gated(nn.Module):
             time.sleep(0.01)
 
 
-class Model(pl.LightningModule):
+class Model(StepModule):
     def __init__(self, out: str) -> None:
-        super().__init__()
         torch.manual_seed(0)
-        self.blocks = nn.ModuleList(
-            [Gated(out), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)]
-        )
-
-    def configure_pipeline(self) -> PipelineSpec:
-        return PipelineSpec(layers=list(self.blocks))
+        layers = [Gated(out), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)]
+        super().__init__(layers, DIM, BATCH, STEPS)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        out = self(x)
-        loss = nn.functional.mse_loss(out, y)
+        loss = super().training_step(batch, batch_idx)
         self.log("train_loss", loss, prog_bar=True)
         return loss
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(1)
-        n = BATCH * STEPS
-        ds = TensorDataset(torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g))
-        return DataLoader(ds, batch_size=BATCH)
 
 
 class OptimizerSteps(pl.Callback):
