@@ -5,7 +5,8 @@ same model on the same hardware gives the problem and the schedule at once; else
 ``profile_steps + 1`` steps run the profiling schedule (the first one a warm-up), and at the
 boundary after them the profile is built (``profiler.profile_pipeline``), the layer groups may
 be re-balanced by the measured per-layer costs (``repartition.py``, then profiling starts again
-on the new partition), and the schedule is chosen on the profiled problem. Global rank 0 picks,
+on the new partition), and the schedule is chosen on the profiled problem (those changes of
+layout, and profiling again, in ``layout_changes.py``). Global rank 0 picks,
 every rank switches at the same optimizer-step boundary. After that, each boundary records the
 step (``step_records.StepRecords``, ``run_log.py``), calibrates the costs from the running
 schedule when due (``calibration.Calibrator``) and switches to a better solver incumbent when one
@@ -39,17 +40,16 @@ from torch.optim import Optimizer
 from ...schedule import Problem, Schedule, simulate
 from ...schedule.profile import Profile
 from ..planning.options import PipelineOptions
-from ..planning.partition import PartitionError, chunked_partition, stage_layers
-from ..planning.planner import NoScheduleError, Placement, profiling_schedule
+from ..planning.planner import NoScheduleError, profiling_schedule
 from ..records.step_records import StepRecords
 from ..runtime.contract import PipelineSpec
 from ..runtime.engine import ForwardPipeline, PipelineEngine, ScheduleRejectedError
-from ..runtime.materialize import layer_owners, move_layers
 from ..runtime.module_state import batch_stat_layers
 from ..runtime.op_memory import limits_less_reserve
 from ..runtime.process_groups import PipelineComm
 from .calibration import Calibrator, stored_profile_error
 from .forward_pipelines import ForwardPipelines
+from .layout_changes import finish_profiling, rechunk, reprofile
 from .pipeline_problem import (
     chunking,
     memory_limit,
@@ -62,9 +62,7 @@ from .pipeline_problem import (
 from .profiler import (
     hardware_fingerprint,
     model_fingerprint,
-    profile_pipeline,
 )
-from .repartition import move_to_partition, profiled_partition
 from .resolve import OnlineResolve, RunContext
 from .schedule_choice import chosen_schedule
 from .step_times import StepTimes, fit_length
@@ -355,7 +353,7 @@ class Scheduler:
         if self.phase == "profiling":
             self._profiled_steps += 1
             if self._profiled_steps >= self.options.profile_steps + 1:  # first: a warm-up
-                self.finish_profiling(module, optimizers)
+                finish_profiling(self, module, optimizers)
             return
         decision = self.resolve.poll()
         if decision.kind == "switch":
@@ -402,7 +400,7 @@ class Scheduler:
         # rank 0's problem for everyone (memory limits may differ a little between replicas)
         problem = sched.problem or problem
         if chunking(problem) != (self.num_chunks, self.placement):
-            self.rechunk(problem)
+            rechunk(self, problem)
         self.switch(sched, problem, reason)
         self.phase = "run"
         # planned at the next boundary, when the steps left and a step's time are known
@@ -471,7 +469,7 @@ class Scheduler:
             self._check_stored = False
             off = stored_profile_error(record)
             if off is not None:
-                self.reprofile(off, record)
+                reprofile(self, off, record)
                 return
         old_pred = self.predicted or 0.0
         self.engine.problem = res.problem
@@ -488,143 +486,6 @@ class Scheduler:
         )
         self.records.record_calibration(self.optimizer_steps, record, count)
         self.resolve.on_calibrated(res.problem, self.engine.schedule, self.context(module, count))
-
-    # ---- profiling ---------------------------------------------------------------------------
-
-    def reprofile(self, off: float, record: dict[str, Any]) -> None:
-        """Every rank, same step: leave the stored profile's schedule for the profiling
-        schedule; ``finish_profiling`` then stores the new profile and adopts a schedule."""
-        assert self.engine is not None
-        self.notify(
-            f"optpipe: step {self.optimizer_steps}: the stored profile predicts "
-            f"{1e3 * record['previous_seconds']:.4g} ms per step, the steps take "
-            f"{1e3 * record['measured_seconds']:.4g} ms ({off:+.0%}): profiling again",
-            False,
-        )
-        self.switches.append(
-            {
-                "step": self.optimizer_steps,
-                "from": self.engine.schedule.generator,
-                "to": "optpipe-profiling",
-                "reason": f"stored profile off by {off:+.0%}",
-                "predicted_seconds": None,
-            }
-        )
-        base = self.shape_problem()
-        self.engine = self.new_engine(base, profiling_schedule(base), measure=True)
-        self.calibrator.sampler.reset()
-        self.calibrator.overhead_in_problem = 0.0
-        self.phase = "profiling"
-        self.profile = None
-        self.predicted = None
-        self._profiled_steps = 0
-        self._profile_walls = []
-
-    def finish_profiling(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
-        assert self.engine is not None
-        if self._may_repartition and self.repartition(module, optimizers):
-            self._profiled_steps = 0
-            self._profile_walls = []
-            stored_json = self._stored_profile()
-            if stored_json is None:
-                return  # profile again, on the new partition
-            self.adopt_stored(stored_json)
-            return
-        self.engine.instrument_layers(False)
-        profile, overhead = profile_pipeline(
-            self.engine, self.comm, self._hardware, self._model_fp, self._profile_walls
-        )
-        self.calibrator.overhead_in_problem = overhead
-        self.notify(f"optpipe: runtime overhead {1e3 * overhead:.3g} ms per action", True)
-        if (log := self.records.active) is not None:
-            log.store_profile(profile)
-        self.profile = profile
-        self.adopt(self.problem_from_profile(profile), "profiled")
-
-    def repartition(self, module: nn.Module, optimizers: Sequence[Optimizer]) -> bool:
-        """Re-balance the layer groups by the profiled per-layer costs (once, when it pays)."""
-        assert self.engine is not None
-        self._may_repartition = False
-        limits = self.memory_limit(self.engine.parameters)
-        decision = profiled_partition(
-            self.engine,
-            self.comm,
-            len(self.spec.layers),
-            self.comm.num_stages * self.num_chunks,
-            self.partition,
-            min(limits) if limits else None,
-        )
-        if decision.partition is None:
-            return False
-        old = self.partition
-        assert self._model_fp is not None
-        new = list(decision.partition)
-        self._move_layers(module, optimizers, new, self.num_chunks, self.placement, measure=True)
-        self.switches.append(
-            {
-                "step": self.optimizer_steps,
-                "from": "optpipe-profiling",
-                "to": "optpipe-profiling",
-                "reason": f"repartitioned {old} -> {self.partition}",
-                "predicted_seconds": None,
-            }
-        )
-        self.notify(
-            f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {self.partition} "
-            f"(profiled per-layer costs: {decision.reason})",
-            False,
-        )
-        return True
-
-    def rechunk(self, problem: Problem) -> None:
-        """Run ``problem``'s chunking: each device keeps its layers, split into its chunks
-        (``partition.chunked_partition``); parameters and optimizer state move to their new
-        ranks as in a re-partition, so the numbers do not change."""
-        assert self.engine is not None and self.module is not None
-        v, placement = chunking(problem)
-        old = list(self.partition)
-        shape = self.engine.problem
-        layers = stage_layers(self.partition, shape)
-        try:
-            new = chunked_partition(layers, v, placement)
-        except PartitionError as e:
-            raise NoScheduleError(f"the chosen schedule runs {v} chunks per device: {e}") from None
-        self._move_layers(self.module, self.optimizers(), new, v, placement, measure=False)
-        self.notify(
-            f"optpipe: step {self.optimizer_steps}: layer groups {old} -> {new} ({v} chunks per "
-            f"device, {placement} placement)",
-            False,
-        )
-
-    def _move_layers(
-        self,
-        module: nn.Module,
-        optimizers: Sequence[Optimizer],
-        partition: list[int],
-        num_chunks: int,
-        placement: Placement,
-        measure: bool,
-    ) -> None:
-        """Move the layers to ``partition`` in ``num_chunks`` chunks per device (parameters and
-        optimizer state go to their new ranks: the numbers do not change); a new engine runs
-        the profiling schedule on the new layout until the next schedule is adopted."""
-        assert self.engine is not None
-        self.engine.finish_loss_handout()
-        if self.sharded:
-            p, n = self.comm.num_stages, len(self.spec.layers)
-            old = layer_owners(n, self.partition, p, self.num_chunks, self.placement)
-            new = layer_owners(n, partition, p, num_chunks, placement)
-            move_layers(module, self.spec.layers, optimizers, old, new, self.comm, self.device)
-        else:
-            move_to_partition(module, optimizers, self.engine, self.comm, self.device)
-        self.partition, self.num_chunks, self.placement = partition, num_chunks, placement
-        if self._model_fp is not None:
-            update = {"num_chunks": num_chunks, "partition": partition, "placement": placement}
-            self._model_fp = self._model_fp.model_copy(update=update)
-        self.engine.instrument_layers(False)
-        base = self.shape_problem()
-        self.engine = self.new_engine(base, profiling_schedule(base), measure=measure)
-        self.forward.clear()
 
     # ---- the end -----------------------------------------------------------------------------
 
