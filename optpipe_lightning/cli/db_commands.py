@@ -20,6 +20,7 @@ import typer
 from ..profiles_db.errors import DatabaseError
 from .command_errors import OneLineErrors, one_line
 from .command_errors import fail as _fail
+from .errors import counted
 
 if TYPE_CHECKING:  # SQLAlchemy and the models load when a command runs: --help stays fast
     from sqlalchemy.orm import Session
@@ -247,10 +248,11 @@ def export(
     except OSError as e:
         _fail(f"cannot write {out}: {e.strerror}")
     typer.echo(
-        f"exported {len(doc.problems)} problems, {len(doc.schedules)} schedules, "
-        f"{len(doc.profiles)} profiles to {out}"
+        f"exported {counted(len(doc.problems), 'problem')}, "
+        f"{counted(len(doc.schedules), 'schedule')}, {counted(len(doc.profiles), 'profile')} "
+        f"to {out}"
         + (
-            f"; skipped {len(skipped)} row(s) that do not read (listed above; "
+            f"; skipped {counted(len(skipped), 'row')} that do not read (listed above; "
             "`optpipe db delete` removes them)"
             if skipped
             else ""
@@ -316,8 +318,8 @@ def import_(
         except ValueError as e:
             _fail(f"{src}: {e}")
     typer.echo(
-        f"imported {counts.problems} new problems, {counts.schedules} new schedules, "
-        f"{counts.profiles} new profiles",
+        f"imported {counted(counts.problems, 'new problem')}, "
+        f"{counted(counts.schedules, 'new schedule')}, {counted(counts.profiles, 'new profile')}",
         err=True,
     )
 
@@ -407,7 +409,7 @@ def check(db: DbOption = None) -> None:
         for p in problems:
             typer.echo(p)
         _fail(
-            f"database {database.where} has {len(problems)} problem(s), first: {problems[0]}; "
+            f"database {database.where} has {counted(len(problems), 'problem')}, first: {problems[0]}; "
             "export what still reads (`optpipe db export`) and restore a backup"
         )
     typer.echo(f"ok: {database.where} (schema revision {revision})")

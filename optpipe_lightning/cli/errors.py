@@ -14,6 +14,11 @@ class UserError(Exception):
     """A mistake in what the user gave us; the message is the whole story (exit code 2)."""
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 problem``, ``2 problems``, ``0 problems`` (nouns that take an s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def describe_validation_error(err: ValidationError) -> str:
     """The first problem pydantic found, as ``field: reason`` (plus a count of the others)."""
     from ..schedule.problem import COST_FIELDS

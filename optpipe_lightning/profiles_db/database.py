@@ -10,7 +10,10 @@ WAL journal (readers never block the writer and see only committed rows), ``busy
 ``synchronous=NORMAL`` (a killed process loses nothing committed; a power cut may lose the last
 transactions), foreign keys on, and every writable session begins with ``BEGIN IMMEDIATE`` so two
 writers queue on the busy timeout instead of failing when a read transaction turns into a write;
-threads of one process queue on a lock first. Read-only opens use SQLite's ``mode=ro``. WAL needs
+threads of one process queue on a lock first. Read-only opens use SQLite's ``mode=ro``; such a
+reader creates the ``-wal`` and ``-shm`` files beside the database when they are missing and, as a
+reader, never removes them (the next writer's close does: deleting them while another process has
+the database open could corrupt it, so nothing here does). WAL needs
 a local file system (not NFS). PostgreSQL read-only opens use read-only, repeatable-read
 transactions (one snapshot per session, as SQLite readers get). A forked child starts with an
 empty connection pool.

@@ -113,7 +113,7 @@ def test_export_import_round_trip(sqlite_url: str, tmp_path: Path) -> None:
     assert code == 0 and "2 schedules, 3 profiles" in err
     target = f"sqlite:///{tmp_path}/other.db"
     code, _, err = _run("import", str(out), "--db", target)
-    assert code == 0 and "1 new problems, 2 new schedules, 3 new profiles" in err
+    assert code == 0 and "1 new problem, 2 new schedules, 3 new profiles" in err
     code, _, err = _run("import", str(out), "--db", target)  # idempotent
     assert "0 new problems, 0 new schedules, 0 new profiles" in err
     db = open_database(target)
@@ -155,4 +155,4 @@ def test_check(sqlite_url: str, tmp_path: Path) -> None:
     with open(path, "r+b") as f:  # damage a table the open does not read
         f.seek((root - 1) * page + 8)
         f.write(b"\xff" * (page - 8))
-    _one_line_error(["check", "--db", sqlite_url], "problem(s), first:", "restore a backup")
+    _one_line_error(["check", "--db", sqlite_url], "problem, first:", "restore a backup")

@@ -62,7 +62,7 @@ def test_export_writes_every_row_that_reads_and_names_the_damaged_one(
     res = runner.invoke(app, ["export", str(out), "--db", sqlite_url])
     assert res.exit_code == 0, res.output
     assert f"optpipe: warning: skipped schedule {f['b']}: " in res.stderr
-    assert "2 schedules, 1 profiles" in res.stderr and "skipped 1 row(s)" in res.stderr
+    assert "2 schedules, 1 profile " in res.stderr and "skipped 1 row " in res.stderr
     doc = json.loads(out.read_text())
     assert [e["schedule"]["generator"] for e in doc["schedules"]] == ["fbw", "1f1b"]
     target = f"sqlite:///{tmp_path}/other.db"  # what was written imports
