@@ -31,6 +31,7 @@ from ortools.sat.python import cp_model
 from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
 from . import fusing
+from .settle import first_settle, settle_candidates
 from .ticks import OpKey, TickModel, fusable
 from .tight import tight_model_size as tight_model_size  # re-exported: callers import it here
 from .tight import tight_options
@@ -111,6 +112,7 @@ class _Model:
         lb: int,
         tight: bool,
         window: int | None = None,
+        settle_window: int | None = None,
     ) -> None:
         pb = problem
         self.pb = pb
@@ -135,6 +137,9 @@ class _Model:
             if tm.duration("BW", s, c) < tm.duration("B", s, c) + tm.duration("W", s, c)
         }
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
+        # per offload: when the model frees its bytes, and its settle choices (``settle_options``)
+        self.settle: dict[tuple[int, int, int], cp_model.IntVar] = {}
+        self.settle_lits: dict[tuple[int, int, int], list[tuple[cp_model.IntVar, OpKey, int]]] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
         lanes = stage_lanes(pb)
         lane_iv: dict[int, list[cp_model.IntervalVar]] = {}
@@ -182,7 +187,6 @@ class _Model:
                 else 0
             )
             offloadable = use_off and ob[s, c] > 0 and limits[s] is not None
-            settle = settle_delay(tm, pb, s) if offloadable else 0
             for j in range(m):
                 F, B, W = (
                     self.start[("F", s, c, j)],
@@ -247,16 +251,48 @@ class _Model:
                     deps[kR] = [(kO, 0)]
                     deps[kB].append((kR, 0))
                     b = mem(float(ob[s, c]))
-                    # the bytes leave at the settle point: conservatively, the copy's end plus
-                    # the stage's longest forward (``settle_delay``)
-                    res_times[s] += [so + d_off + settle, sr]
+                    # the bytes leave at the settle point (``_add_settle_points``); +b at RELOAD
+                    tau = md.new_int_var(0, horizon, f"set{s}.{c}.{j}")
+                    self.settle[(s, c, j)] = tau
+                    res_times[s] += [tau, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
+        self._add_settle_points(settle_window)
         add_resources(md, dev_iv, lane_iv, limits, sc, res_times, res_deltas, res_active)
         self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
         if tight:
             self._add_no_voluntary_idle(window)
         md.minimize(ms)
+
+    def _add_settle_points(self, window: int | None) -> None:
+        """Each offload's free time ``tau`` at one of the ops that may settle it (``settle``)."""
+        md = self.model
+        group = {sc: g for g, sc in enumerate(self.pb.group_table)}
+        by_stage: dict[int, list[OpKey]] = {}
+        for key in self.start:
+            by_stage.setdefault(key[1], []).append(key)
+        for act, tau in self.settle.items():
+            o = self.offload[act]
+            k_rel = ("RELOAD", *act)
+            ready = self.end[("OFFLOAD", *act)]
+            own = md.new_bool_var("")
+            md.add(tau == self.start[k_rel]).only_enforce_if(own)
+            md.add(tau <= self.start[k_rel])  # 0 when not offloaded
+            lits: list[tuple[cp_model.IntVar, OpKey, int]] = []
+            for key in settle_candidates(act, by_stage[act[0]], group, window):
+                lit = md.new_bool_var("")
+                md.add(self.start[key] >= ready).only_enforce_if(lit)
+                if key[0] == "RELOAD":
+                    md.add(tau >= self.start[key]).only_enforce_if(lit)
+                    md.add_implication(lit, self.offload[key[1:]])
+                else:
+                    md.add(tau >= self.start[key] + 1).only_enforce_if(lit)
+                    z = self.fused.get(key[1:]) if key[0] == "W" else None
+                    if z is not None:  # a fused W is no action of its own
+                        md.add_implication(lit, ~z)
+                lits.append((lit, key, 0))
+            md.add_bool_or([own] + [x for x, _k, _l in lits]).only_enforce_if(o)
+            self.settle_lits[act] = [(own, k_rel, 0), *lits]
 
     def _add_fusable(
         self, md: cp_model.CpModel, dev: list[cp_model.IntervalVar], s: int, c: int, j: int
@@ -288,8 +324,7 @@ class _Model:
     def _add_no_voluntary_idle(self, window: int | None) -> None:
         """Only timings the simulator reproduces (see ``tight_options``)."""
         md = self.model
-        settle = [settle_delay(self.tm, self.pb, x) for x in range(self.pb.num_stages)]
-        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur, settle)
+        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur)
         for key, opts in options.items():
             lits = []
             for a, lag in opts:
@@ -335,6 +370,23 @@ class _Model:
         for sj, z in self.fused.items():
             md.add_hint(z, sj in fused)
         md.add_hint(self.makespan, mk)
+
+        for act, tau in self.settle.items():
+            choice: tuple[OpKey | None, int] = (None, 0)
+            if act in offloaded:
+                ready = starts.get(("OFFLOAD", *act), 0) + self.dur[("OFFLOAD", *act)]
+                cands = [
+                    k
+                    for _lit, k, _x in self.settle_lits[act][1:]
+                    if (k[0] != "RELOAD" or k[1:] in offloaded)
+                    and not (k[0] == "W" and k[1:] in fused)
+                ]
+                own = starts.get(("RELOAD", *act), 0)
+                choice = first_settle(act, ready, own, starts, cands)
+            md.add_hint(tau, choice[1])
+            for i, (lit, k, _x) in enumerate(self.settle_lits[act]):
+                pick = act in offloaded and (k == choice[0] or (i == 0 and choice[0] is None))
+                md.add_hint(lit, pick)
 
         def on(k: OpKey) -> bool:
             return k[0] not in ("OFFLOAD", "RELOAD") or (k[1], k[2], k[3]) in offloaded
@@ -447,7 +499,7 @@ def solve_cpsat(
     backward intervals variable, and the whole model searched worse from a split hint at 8x32x2
     (half the memory, copies 0.5x, BW 0.8 x (B + W): 103.2 against 101.5 split only, in 30 s).
     """
-    model = _Model(problem, tm, horizon, lower_bound, tight, window)
+    model = _Model(problem, tm, horizon, lower_bound, tight, window, settle_window=window)
     if hint is not None:
         model.add_hint(*hint)
     t_built = time.perf_counter()
