@@ -31,7 +31,7 @@ from ortools.sat.python import cp_model
 from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
 from . import fusing
-from .settle import first_settle, settle_candidates
+from .settle import add_settle_choice, first_settle, settle_candidates
 from .ticks import OpKey, TickModel, fusable
 from .tight import tight_model_size as tight_model_size  # re-exported: callers import it here
 from .tight import tight_options
@@ -139,7 +139,7 @@ class _Model:
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
         # per offload: when the model frees its bytes, and its settle choices (``settle_options``)
         self.settle: dict[tuple[int, int, int], cp_model.IntVar] = {}
-        self.settle_lits: dict[tuple[int, int, int], list[tuple[cp_model.IntVar, OpKey, int]]] = {}
+        self.settle_lits: dict[tuple[int, int, int], list[tuple[cp_model.IntVar, OpKey]]] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
         lanes = stage_lanes(pb)
         lane_iv: dict[int, list[cp_model.IntervalVar]] = {}
@@ -272,27 +272,24 @@ class _Model:
         for key in self.start:
             by_stage.setdefault(key[1], []).append(key)
         for act, tau in self.settle.items():
-            o = self.offload[act]
-            k_rel = ("RELOAD", *act)
-            ready = self.end[("OFFLOAD", *act)]
-            own = md.new_bool_var("")
-            md.add(tau == self.start[k_rel]).only_enforce_if(own)
-            md.add(tau <= self.start[k_rel])  # 0 when not offloaded
-            lits: list[tuple[cp_model.IntVar, OpKey, int]] = []
-            for key in settle_candidates(act, by_stage[act[0]], group, window):
-                lit = md.new_bool_var("")
-                md.add(self.start[key] >= ready).only_enforce_if(lit)
+            keys = settle_candidates(act, by_stage[act[0]], group, window)
+            options = []
+            for key in keys:
+                needs: list[cp_model.LiteralT] = []
                 if key[0] == "RELOAD":
-                    md.add(tau >= self.start[key]).only_enforce_if(lit)
-                    md.add_implication(lit, self.offload[key[1:]])
-                else:
-                    md.add(tau >= self.start[key] + 1).only_enforce_if(lit)
-                    z = self.fused.get(key[1:]) if key[0] == "W" else None
-                    if z is not None:  # a fused W is no action of its own
-                        md.add_implication(lit, ~z)
-                lits.append((lit, key, 0))
-            md.add_bool_or([own] + [x for x, _k, _l in lits]).only_enforce_if(o)
-            self.settle_lits[act] = [(own, k_rel, 0), *lits]
+                    needs.append(self.offload[(key[1], key[2], key[3])])
+                elif key[0] == "W" and key[1:] in self.fused:  # a fused W is no action
+                    needs.append(~self.fused[(key[1], key[2], key[3])])
+                options.append((self.start[key], key[0] == "RELOAD", needs))
+            lits = add_settle_choice(
+                md,
+                tau,
+                self.offload[act],
+                self.end[("OFFLOAD", *act)],
+                self.start[("RELOAD", *act)],
+                options,
+            )
+            self.settle_lits[act] = list(zip(lits, [("RELOAD", *act), *keys], strict=True))
 
     def _add_fusable(
         self, md: cp_model.CpModel, dev: list[cp_model.IntervalVar], s: int, c: int, j: int
@@ -377,14 +374,14 @@ class _Model:
                 ready = starts.get(("OFFLOAD", *act), 0) + self.dur[("OFFLOAD", *act)]
                 cands = [
                     k
-                    for _lit, k, _x in self.settle_lits[act][1:]
+                    for _lit, k in self.settle_lits[act][1:]
                     if (k[0] != "RELOAD" or k[1:] in offloaded)
                     and not (k[0] == "W" and k[1:] in fused)
                 ]
                 own = starts.get(("RELOAD", *act), 0)
                 choice = first_settle(act, ready, own, starts, cands)
             md.add_hint(tau, choice[1])
-            for i, (lit, k, _x) in enumerate(self.settle_lits[act]):
+            for i, (lit, k) in enumerate(self.settle_lits[act]):
                 pick = act in offloaded and (k == choice[0] or (i == 0 and choice[0] is None))
                 md.add_hint(lit, pick)
 

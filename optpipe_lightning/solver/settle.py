@@ -20,7 +20,9 @@ choice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from ortools.sat.python import cp_model
 
 from .ticks import OpKey
 
@@ -77,3 +79,30 @@ def first_settle(
         if at < best[0]:
             best = (at, key)
     return best[1], best[0]
+
+
+def add_settle_choice(
+    md: cp_model.CpModel,
+    tau: cp_model.IntVar,
+    offloaded: cp_model.IntVar,
+    ready: cp_model.LinearExprT,
+    own_reload: cp_model.LinearExprT,
+    options: Sequence[tuple[cp_model.LinearExprT, bool, Sequence[cp_model.LiteralT]]],
+) -> list[cp_model.IntVar]:
+    """``tau`` (the free time of an offload whose copy ends at ``ready``) at its own reload's
+    start, or at one of ``options``: (start, is a reload, literals it needs); a reload's start
+    or a compute op's start plus one tick, the op starting at or after ``ready``. Returns the
+    choice literals, the own reload's first (module doc)."""
+    own = md.new_bool_var("")
+    md.add(tau == own_reload).only_enforce_if(own)
+    md.add(tau <= own_reload)  # 0 when not offloaded (its reload's start is then pinned to 0)
+    lits = [own]
+    for start, is_reload, needs in options:
+        lit = md.new_bool_var("")
+        md.add(start >= ready).only_enforce_if(lit)
+        md.add(tau >= start + (0 if is_reload else 1)).only_enforce_if(lit)
+        for x in needs:
+            md.add_implication(lit, x)
+        lits.append(lit)
+    md.add_bool_or(lits).only_enforce_if(offloaded)
+    return lits
