@@ -8,9 +8,9 @@ optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B afte
 no-overlap per copy lane (``schedule.lanes``: with duplex a channel's offloads and its reloads
 each on a lane of their own, else both on one). Memory
 per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
-m_w at W end, -bytes at the OFFLOAD's settle point (conservatively its end plus the stage's
-longest F: ``settle_delay``) and +bytes at RELOAD start when ``o``; events at one instant net
-out, as in the simulator. Where a fused backward is cheaper than B then W
+m_w at W end, -bytes at the OFFLOAD's settle point (a free time chosen at an op that may settle
+it, ``settle``: exact where memory binds) and +bytes at RELOAD start when ``o``; events at one
+instant net out, as in the simulator. Where a fused backward is cheaper than B then W
 (``ticks.fusable``), a Boolean per backward chooses: B lasts t_bw and W nothing, right at B's end
 (one BW op, freeing m_b and m_w at its end), or B then W as usual. Symmetry breaking: ops of one
 kind on one group run in microbatch order (W's only among the split ones: a fused W is pinned to
@@ -50,7 +50,8 @@ class CpOutcome:
 
 
 def settle_delay(tm: TickModel, problem: Problem, s: int) -> int:
-    """Ticks after an offload's copy ends by which its bytes have surely left stage ``s`` for
+    """The MILP's conservative stand-in for the settle point (CP-SAT models it: ``settle``).
+    Ticks after an offload's copy ends by which its bytes have surely left stage ``s`` for
     every allocation that matters (the simulator's settle point, ``sim_memory``): an F ending at
     ``T`` with ``T >= copy end + this`` started at or after the copy's end, so it (or an action
     before it) is the settle point; a reload starting then settles it itself. Exact where the
@@ -496,6 +497,8 @@ def solve_cpsat(
     backward intervals variable, and the whole model searched worse from a split hint at 8x32x2
     (half the memory, copies 0.5x, BW 0.8 x (B + W): 103.2 against 101.5 split only, in 30 s).
     """
+    # every op that may settle an offload is a choice (``settle``), so the bound stays valid;
+    # with a window (no valid bound) only those of microbatches within it
     model = _Model(problem, tm, horizon, lower_bound, tight, window, settle_window=window)
     if hint is not None:
         model.add_hint(*hint)

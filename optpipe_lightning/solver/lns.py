@@ -16,7 +16,8 @@ hundred ops is not. One step, on the incumbent's simulated timeline and a window
   in the middle that finishes earlier is taken too).
 
 Dependencies, one op at a time per device and per copy lane, and each device's memory limit (a
-reservoir over the ops' memory events, the fixed ones included) hold as in ``cpsat``; ops may
+reservoir over the ops' memory events, the fixed ones included; an offload frees at its settle
+point, chosen among the modelled ops as in ``cpsat``, ``_settle_points``) hold as in ``cpsat``; ops may
 idle (the relaxation), so the solution is an order, not a timing. The new order is spliced into
 the action lists (fixed ops first, the window's in its new order, the left-out ops after, as they
 were), repaired (reloads issued later where ASAP timing breaks the limit) and timed by the

@@ -7,7 +7,8 @@ of such a schedule is its steady state, so the search here is over the steady st
 start of every op of K consecutive microbatches (``k = 0..K-1``), the offload decision of each of
 their activations, and a period T; microbatch ``j = q K + k`` runs pattern ``k`` shifted by ``q T``.
 
-Model (integer ticks, the semantics of ``cpsat``): the pattern's precedences, durations, copies
+Model (integer ticks, the semantics of ``cpsat``, its settle choices included: ``settle``,
+``_add_settle``): the pattern's precedences, durations, copies
 (one no-overlap per copy lane: with duplex a channel's offloads and reloads on a lane each) and
 FIFO order per op kind and group (including from ``K - 1`` to the next period's ``0``). Every
 op of one pattern instance runs within ``[0, Q T]``, so instances more than ``Q`` periods apart
