@@ -96,6 +96,8 @@ def add_settle_choice(
     own = md.new_bool_var("")
     md.add(tau == own_reload).only_enforce_if(own)
     md.add(tau <= own_reload)  # 0 when not offloaded (its reload's start is then pinned to 0)
+    md.add(tau >= ready).only_enforce_if(offloaded)  # implied; it helps the reservoir propagate
+    md.add(tau == 0).only_enforce_if(~offloaded)
     lits = [own]
     for start, is_reload, needs in options:
         lit = md.new_bool_var("")
