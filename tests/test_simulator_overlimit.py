@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,25 @@ import pytest
 from bench_problems import bench_problem, brute_problem, one_lane
 from search_problems import gpt_problem
 
-from optpipe_lightning.schedule import Problem, SimResult, simulate
+from optpipe_lightning.schedule import Problem, SimResult, simulate, simulator
 from optpipe_lightning.schedule.baselines import NotApplicable, generate
 from optpipe_lightning.schedule.schedule import Action
 from optpipe_lightning.schedule.simulator import _Simulator
 from optpipe_lightning.solver import action_search
 
 Rows = list[list[Action]]
+
+
+class _AlwaysOver(dict):
+    """``simulate``'s per-problem record read as "the first runs go over": it always certifies."""
+
+    def get(self, key: object, default: object = None) -> int:
+        return simulator._SCORE_CAP
+
+
+@pytest.fixture(autouse=True)
+def _always_certify(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simulator, "_OVER_SCORE", _AlwaysOver())
 
 
 def _reference(pb: Problem, rows: Rows) -> SimResult:
@@ -108,7 +121,7 @@ def _walk(pb: Problem, seed: int, steps: int) -> tuple[int, int]:
     ],
     ids=["gpt-2mb", "gpt-1mb", "bench-v2", "bench-one-lane", "shared-channel", "half-duplex"],
 )
-def test_the_certificate_changes_no_result(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+def test_the_certificate_changes_no_result(tmp_path: Path, make: Callable[[Path], Problem]) -> None:
     pb = make(tmp_path)
     compared, _stopped = _walk(pb, seed=7, steps=60)
     assert compared >= 50
@@ -119,3 +132,17 @@ def test_the_certificate_stops_first_runs_that_go_over() -> None:
     pb = bench_problem(4, 8, 2, 0.5, 0.5)
     compared, stopped = _walk(pb, seed=1, steps=40)
     assert stopped > compared // 4
+
+
+def test_the_certificate_runs_where_first_runs_go_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    pb = bench_problem(4, 8, 2, 0.5, 0.5)
+    rows = _starts(pb)[-1]  # every activation offloaded: its first run goes over
+    roomy = bench_problem(4, 8, 1, 10.0, 2.0)  # a limit never reached
+    fits = _starts(roomy)[-1]
+    monkeypatch.setattr(simulator, "_OVER_SCORE", {})
+    simulate(pb, rows)
+    assert simulator._OVER_SCORE[pb.hash] == 1
+    for _ in range(10):
+        assert simulate(roomy, fits).feasible
+    assert simulator._OVER_SCORE[roomy.hash] == -simulator._SCORE_CAP  # off where they fit
+    assert simulator._OVER_SCORE[pb.hash] == 1
