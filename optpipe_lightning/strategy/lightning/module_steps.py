@@ -39,10 +39,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..runtime.microbatch import combine_logged, merge_outputs, shape_key, signature
+from ..runtime.microbatch import InputFingerprint, combine_logged, merge_outputs, shape_key
 from ..runtime.process_groups import PipelineComm
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
+# the keywords ``self.log`` takes besides name and value (both positional in the common call)
+_LOG_KEYWORDS = frozenset(
+    k
+    for k, p in _LOG_SIGNATURE.parameters.items()
+    if k not in ("self", "name", "value") and p.kind is not inspect.Parameter.VAR_KEYWORD
+)
 _MISSING = object()
 
 
@@ -124,7 +130,7 @@ class ModuleStep:
         self.kwargs = dict(kwargs or {})
         self.train = train
         self.guard = guard  # guard(True): collectives refuse while the step runs on one rank
-        self._signatures: list[list[float]] = []
+        self._fingerprints: list[InputFingerprint] = []
         self._logs: list[list[tuple[str, Tensor, dict[str, Any]]]] = []
         self._losses: list[Tensor] = []
         self._outputs: list[Any] = []
@@ -141,9 +147,8 @@ class ModuleStep:
     ) -> list[tuple[Tensor, ...]]:
         """The forward's arguments for each microbatch (every rank; the step stops there).
 
-        ``fingerprint``: keep their values' fingerprints, which the last stage's ``answer``
-        checks; a rank known not to hold the last stage skips them (two reductions over every
-        input tensor per microbatch and step)."""
+        ``fingerprint``: keep their fingerprints (``InputFingerprint``), which the last stage's
+        ``answer`` checks; a rank known not to hold the last stage skips them."""
         out: list[tuple[Tensor, ...]] = []
         for batch in microbatches:
 
@@ -181,7 +186,7 @@ class ModuleStep:
                     "(pad every batch to one length)"
                 )
             if fingerprint:
-                self._signatures.append(signature(args))
+                self._fingerprints.append(InputFingerprint(args))
             out.append(tuple(args))
         return out
 
@@ -206,7 +211,7 @@ class ModuleStep:
                     "pipeline answers one forward per step: call self(inputs) once"
                 )
             calls.append(1)
-            if i < len(self._signatures) and signature(a) != self._signatures[i]:
+            if i < len(self._fingerprints) and not self._fingerprints[i].matches(a):
                 raise PipelineStepError(
                     f"{self.hook} computed other inputs for the forward when it ran again "
                     "(randomness in the step before self(...)?): the step runs twice on the "
@@ -411,12 +416,23 @@ def _ignore_log(*args: Any, **kwargs: Any) -> None:
     """``self.log`` while the inputs are found: nothing (the answer pass logs)."""
 
 
+def _log_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(name, value, the other arguments given) of a ``self.log`` call, as binding it to
+    ``LightningModule.log``'s signature gives them; the common call (name and value first,
+    known keywords) without ``inspect`` (a step logs on every microbatch)."""
+    if len(args) == 2 and kwargs.keys() <= _LOG_KEYWORDS:
+        return args[0], args[1], dict(kwargs)
+    bound = _LOG_SIGNATURE.bind(None, *args, **kwargs)
+    options = {k: v for k, v in bound.arguments.items() if k not in ("self", "name", "value")}
+    return bound.arguments["name"], bound.arguments["value"], options
+
+
 def _logged(
     hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[str, Tensor, dict[str, Any]]:
-    bound = _LOG_SIGNATURE.bind(None, *args, **kwargs)
-    options = {k: v for k, v in bound.arguments.items() if k not in ("self", "name", "value")}
-    name, value = bound.arguments["name"], bound.arguments["value"]
+    name, value, options = _log_arguments(args, kwargs)
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise PipelineStepError(
