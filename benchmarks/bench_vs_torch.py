@@ -36,11 +36,26 @@ end of the first optimizer step); peak RSS per rank. For the default mode: the t
 its steady phase against the strategy's 1f1b of the same round, its steady gain per step, and
 the steps to break even.
 
+``--paired``: torch's own step runs inside each strategy run, right after every strategy step
+(barriers around it), so both meet the same load; each strategy step is divided by the torch
+step after it. Per schedule the report gives the median of these per-step ratios pooled over
+all rounds and its bootstrap interval (``--level``, default 90%: rounds drawn with replacement,
+then steps within each drawn round, ``--resamples`` times, seeded), the range of the rounds'
+own medians, the CPU ratio likewise, and whether the interval lies below ``--target`` (default
+1.03: "within"), above it ("above") or across it ("undecided"); then the noise: the per-step
+ratio's spread inside a run, the spread of the runs' medians, and the rounds that would give
++-1% at this many steps per run. The rounds rotate the schedules' order, so a slow phase of the
+machine falls on different schedules. On the 2-core machine (2026-11-28) one step's ratio
+scatters by 5-11% (s.d.), so +-1% needs ~300 paired steps per schedule: e.g. ``--rounds 4
+--steps 90 --skip 14`` (the strategy calibrates its costs in its first ~13 steps).
+
 Usage::
 
     python benchmarks/bench_vs_torch.py                       # the issue's setting, 3 rounds
     python benchmarks/bench_vs_torch.py --quick               # small model, 1 round, smoke test
     python benchmarks/bench_vs_torch.py --schedules 1f1b zbv --rounds 5 --json out.json
+    python benchmarks/bench_vs_torch.py --paired --rounds 4 --steps 90 --skip 14 --json p.json
+    python benchmarks/bench_vs_torch.py --report p.json --target 1.02   # the tables again
 """
 
 from __future__ import annotations

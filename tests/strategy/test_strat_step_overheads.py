@@ -4,7 +4,10 @@ nothing (issue 34.3); counted, not timed:
 - the strategy's ``optpipe/...`` metrics are logged when a value changes or Lightning no longer
   holds them (a new epoch), and a logger still sees them on every logging step;
 - ``self.log`` inside a step is parsed without ``inspect`` in the common call;
-- a rank's cursor leaves the offload manager alone when its list has no transfers.
+- a rank's cursor leaves the offload manager alone when its list has no transfers;
+- the strategy's default step (a module with ``PipelineSpec.loss_fn`` and no step of its own)
+  runs without calling the module or patching its forward and ``self.log``, unless a forward
+  hook would see the call.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from unittest import mock
 import lightning.pytorch as pl
 import pytest
 import torch
-from fit_helpers import StepModule, cpu_trainer, fork_strategy
+from fit_helpers import ChainModule, StepModule, cpu_trainer, fork_strategy
 from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 
@@ -158,3 +161,64 @@ def test_a_list_without_transfers_skips_the_offload_bookkeeping() -> None:
     names = [c[0] for c in manager.mock_calls]
     assert names.count("offload") == 1 and names.count("reload") == 1
     assert "poll" in names and names.count("release") == 2
+
+
+class LossFnModel(ChainModule):
+    """No step of its own: the strategy's default step (``PipelineSpec.loss_fn``)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        super().__init__([nn.Linear(DIM, DIM) for _ in range(2)])
+
+    def train_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        g = torch.Generator().manual_seed(1)
+        n = BATCH * STEPS
+        data = TensorDataset(torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g))
+        return DataLoader(data, batch_size=BATCH)
+
+
+PATCHED = {"n": 0}
+
+
+class CountPatched(pl.Callback):
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        logged = float(trainer.callback_metrics["train_loss"])
+        report = {"patched": PATCHED["n"], "train_loss": logged}
+        Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("hooked", [False, True], ids=["default", "forward-hook"])
+def test_the_default_step_runs_without_patching_the_module(
+    hooked: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = module_steps.ModuleStep._patched
+
+    def counted(self: Any, *a: Any, **k: Any) -> Any:
+        PATCHED["n"] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(module_steps.ModuleStep, "_patched", counted)  # forked ranks inherit
+    model = LossFnModel()
+    if hooked:
+        model.register_forward_pre_hook(lambda *_: None)
+    strategy = fork_strategy(num_stages=2, num_microbatches=M, schedule="1f1b", profile_steps=0)
+    trainer = cpu_trainer(
+        2,
+        strategy,
+        max_steps=STEPS,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[CountPatched(str(tmp_path))],
+    )
+    trainer.fit(model)
+    got = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(2)]
+    # with a hook: every microbatch's inputs pass on both ranks, the answer on the last stage
+    expect = [M * STEPS, 2 * M * STEPS] if hooked else [0, 0]
+    assert [g["patched"] for g in got] == expect
+    assert got[0]["train_loss"] == got[1]["train_loss"]  # logged alike on every rank
