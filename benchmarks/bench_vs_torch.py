@@ -36,11 +36,26 @@ end of the first optimizer step); peak RSS per rank. For the default mode: the t
 its steady phase against the strategy's 1f1b of the same round, its steady gain per step, and
 the steps to break even.
 
+``--paired``: torch's own step runs inside each strategy run, right after every strategy step
+(barriers around it), so both meet the same load; each strategy step is divided by the torch
+step after it. Per schedule the report gives the median of these per-step ratios pooled over
+all rounds and its bootstrap interval (``--level``, default 90%: rounds drawn with replacement,
+then steps within each drawn round, ``--resamples`` times, seeded), the range of the rounds'
+own medians, the CPU ratio likewise, and whether the interval lies below ``--target`` (default
+1.03: "within"), above it ("above") or across it ("undecided"); then the noise: the per-step
+ratio's spread inside a run, the spread of the runs' medians, and the rounds that would give
++-1% at this many steps per run. The rounds rotate the schedules' order, so a slow phase of the
+machine falls on different schedules. On the 2-core machine (2026-11-28) one step's ratio
+scatters by 5-11% (s.d.), so +-1% needs ~300 paired steps per schedule: e.g. ``--rounds 4
+--steps 90 --skip 14`` (the strategy calibrates its costs in its first ~13 steps).
+
 Usage::
 
     python benchmarks/bench_vs_torch.py                       # the issue's setting, 3 rounds
     python benchmarks/bench_vs_torch.py --quick               # small model, 1 round, smoke test
     python benchmarks/bench_vs_torch.py --schedules 1f1b zbv --rounds 5 --json out.json
+    python benchmarks/bench_vs_torch.py --paired --rounds 4 --steps 90 --skip 14 --json p.json
+    python benchmarks/bench_vs_torch.py --report p.json --target 1.02   # the tables again
 """
 
 from __future__ import annotations
@@ -361,10 +376,13 @@ def optpipe_child(args: argparse.Namespace) -> None:
     native: list[Any] = []  # --paired: torch's own pipeline, built at the first step's end
 
     prof: Any = None
+    native_prof: Any = None  # --paired: torch's steps profiled apart (same process, same load)
     if args.cprofile:
         import cProfile
 
         prof = cProfile.Profile(time.thread_time)  # CPU time: load on the machine moves it less
+        if args.paired:
+            native_prof = cProfile.Profile(time.thread_time)
 
     class Clock(pl.Callback):
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -390,9 +408,16 @@ def optpipe_child(args: argparse.Namespace) -> None:
 
                 if not native:
                     native.append(native_pipeline(args, dist.get_rank(), dist.get_world_size()))
+                profiling = prof is not None and len(steps) > args.skip
+                if profiling:
+                    prof.disable()
                 dist.barrier()
                 t0, c0 = time.perf_counter(), cpu()
+                if profiling:
+                    native_prof.enable()
                 pipeline, optimizer, _, _ = native[0]()
+                if profiling:
+                    native_prof.disable()
                 row.update(
                     native=time.perf_counter() - t0,
                     native_pipeline=pipeline,
@@ -401,11 +426,16 @@ def optpipe_child(args: argparse.Namespace) -> None:
                 )
                 dist.barrier()
                 row["resume"], row["cpu_resume"] = time.perf_counter(), cpu()
+                if profiling:
+                    prof.enable()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(os.path.join(args.cprofile, f"rank{trainer.global_rank}.prof"))
+            if native_prof is not None:
+                path = os.path.join(args.cprofile, f"rank{trainer.global_rank}.torch.prof")
+                native_prof.dump_stats(path)
             extra = {
                 "timeline": timeline,
                 "heavy_imports": sorted(
@@ -696,14 +726,51 @@ def summarize_paired(run: dict[str, Any], skip: int) -> dict[str, Any]:
         for j in range(max(1, skip), len(rows))
     ]
     med = statistics.median
+    ratios = [p[0] / p[1] for p in pairs]
     return {
         "strategy": med(p[0] for p in pairs),
         "torch": med(p[1] for p in pairs),
-        "ratio": med(p[0] / p[1] for p in pairs),
+        "ratio": med(ratios),
         "cpu_ratio": med(p[2] / p[3] for p in pairs),
-        "q": statistics.quantiles([p[0] / p[1] for p in pairs], n=4),
+        "q": statistics.quantiles(ratios, n=4),
         "n": len(pairs),
+        "ratios": ratios,  # per step, for the pooled median and its interval (``report_paired``)
+        "cpu_ratios": [p[2] / p[3] for p in pairs],
     }
+
+
+def bootstrap_median(
+    groups: list[list[float]], level: float = 0.9, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The median of the pooled values of ``groups`` (one list per round) and its ``level``
+    bootstrap interval, resampling rounds and then steps within each drawn round (so the
+    interval widens with the rounds' disagreement, not only with the steps' spread). Seeded:
+    the same records give the same interval."""
+    import random
+
+    pooled = [x for g in groups for x in g]
+    if not pooled:
+        raise ValueError("no paired steps to summarise")
+    rng = random.Random(seed)
+    meds = []
+    for _ in range(resamples):
+        draw: list[float] = []
+        for _ in groups:
+            g = groups[rng.randrange(len(groups))]
+            draw += rng.choices(g, k=len(g))
+        meds.append(statistics.median(draw))
+    meds.sort()
+    lo = meds[int((1 - level) / 2 * (resamples - 1))]
+    hi = meds[int((1 + level) / 2 * (resamples - 1))]
+    return statistics.median(pooled), lo, hi
+
+
+def rounds_needed(run_medians: list[float], half_width: float = 0.01, z: float = 1.645) -> float:
+    """Rounds whose mean run median has a 90% interval of +-``half_width``, at the spread the
+    runs showed (same steps per run); inf with fewer than 2 runs."""
+    if len(run_medians) < 2:
+        return float("inf")
+    return (z * statistics.stdev(run_medians) / half_width) ** 2
 
 
 def default_mode(run: dict[str, Any], ref_step: float, skip: int) -> dict[str, Any]:
@@ -817,6 +884,17 @@ def main() -> None:
         "callback; barriers around it), so both meet the same load: per-step ratios",
     )
     ap.add_argument(
+        "--target",
+        type=float,
+        default=1.03,
+        help="--paired: the ratio each schedule's interval is held against (within / above / "
+        "undecided)",
+    )
+    ap.add_argument(
+        "--level", type=float, default=0.9, help="--paired: the interval's confidence level"
+    )
+    ap.add_argument("--resamples", type=int, default=2000, help="--paired: bootstrap resamples")
+    ap.add_argument(
         "--pair",
         action="store_true",
         help="the runtimes alone: torch's schedule and the strategy's engine take turns step by "
@@ -828,7 +906,10 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument(
-        "--cprofile", default="", help="with --child optpipe: cProfile (CPU time) after --skip"
+        "--cprofile",
+        default="",
+        help="with --child optpipe: cProfile (CPU time) after --skip into this directory "
+        "(rankN.prof; with --paired torch's steps apart, rankN.torch.prof)",
     )
     args = ap.parse_args()
     if args.child == "torch":
@@ -844,11 +925,14 @@ def main() -> None:
         return run_pairs(args)
     if args.report:  # the tables again from a --json file (summaries recomputed)
         saved = json.loads(Path(args.report).read_text())
-        args = argparse.Namespace(**{**vars(args), **saved["args"]})
+        analysis = {k: getattr(args, k) for k in ("target", "level", "resamples")}
+        args = argparse.Namespace(**{**vars(args), **saved["args"], **analysis})
         for run in saved["runs"]:
-            if run["schedule"] != "optimal":
+            if args.paired:
+                run["paired"] = summarize_paired(run, args.skip)
+            elif run["schedule"] != "optimal":
                 run["summary"] = summarize(run, args.skip)
-        return report(args, saved["runs"])
+        return (report_paired if args.paired else report)(args, saved["runs"])
     sides: tuple[str, ...] = (
         ("torch", "optpipe", "base") if args.compare_code else ("torch", "optpipe")
     )
@@ -917,23 +1001,50 @@ def main() -> None:
 
 
 def report_paired(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    """Per schedule: the pooled per-step ratio's median and its bootstrap interval (rounds,
+    then steps; ``bootstrap_median``), the range of the rounds' own medians, the CPU ratio, and
+    whether the interval lies below, above or across ``--target``; then the noise: spread of
+    the per-step ratios inside a run and of the runs' medians, and the rounds that would
+    resolve +-1% at this many steps per run."""
     med = statistics.median
+    level = round(100 * args.level)
     print(
-        "\n| schedule | strategy | torch step (ms) | strategy step (ms) | per-step ratio (median "
-        "of rounds; range) | CPU ratio |\n|---|---|---|---|---|---|"
+        f"\n| schedule | strategy | torch step (ms) | strategy step (ms) | per-step ratio "
+        f"(median of all rounds' steps) | {level}% interval | rounds' medians (range) | CPU "
+        f"ratio ({level}% interval) | against {args.target:g} |\n|---|---|---|---|---|---|---|---|---|"
     )
+    noise = []
     for sched in args.schedules:
         for side in ("optpipe", "base"):
             ps = [r["paired"] for r in runs if r["side"] == side and r["schedule"] == sched]
             if not ps:
                 continue
-            ratios = [p["ratio"] for p in ps]
+            per_round = [p["ratio"] for p in ps]
+            ratio, lo, hi = bootstrap_median([p["ratios"] for p in ps], args.level, args.resamples)
+            cpu, clo, chi = bootstrap_median(
+                [p["cpu_ratios"] for p in ps], args.level, args.resamples
+            )
+            verdict = "within" if hi < args.target else "above" if lo > args.target else "undecided"
             label = "this" if side == "optpipe" else os.path.basename(args.compare_code.rstrip("/"))
             print(
                 f"| {sched} | {label} | {1e3 * med(p['torch'] for p in ps):.1f} | "
-                f"{1e3 * med(p['strategy'] for p in ps):.1f} | {med(ratios):.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f}) | {med(p['cpu_ratio'] for p in ps):.3f} |"
+                f"{1e3 * med(p['strategy'] for p in ps):.1f} | {ratio:.3f} | {lo:.3f}-{hi:.3f} | "
+                f"{min(per_round):.3f}-{max(per_round):.3f} | {cpu:.3f} ({clo:.3f}-{chi:.3f}) | "
+                f"{verdict} |"
             )
+            within = med(statistics.stdev(p["ratios"]) for p in ps if len(p["ratios"]) > 1)
+            between = statistics.stdev(per_round) if len(per_round) > 1 else float("nan")
+            noise.append((sched, label, within, between, rounds_needed(per_round), ps[0]["n"]))
+    print(
+        "\nnoise: per-step ratio's spread inside a run (s.d., median over runs); the runs' "
+        "medians' s.d.; rounds for a 90% interval of +-1% on the mean of run medians at "
+        "these steps per run"
+    )
+    for sched, label, within, between, need, n in noise:
+        print(
+            f"  {sched:<16} {label}: within a run {within:.3f} ({n} steps), between runs "
+            f"{between:.3f}, rounds for +-1%: {need:.0f}"
+        )
 
 
 def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:

@@ -20,6 +20,13 @@ from .schedule import Action, Violation
 _KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3, "OFFLOAD": 4, "RELOAD": 5}
 
 
+# per op: memory delta, is an OFFLOAD, is an allocating F, transfers listed before it on its
+# stage's first and second queue, reload bytes listed before it, compute memory change before it
+MemoryTables = tuple[
+    list[float], list[bool], list[bool], list[int], list[int], list[float], list[float]
+]
+
+
 def _empty() -> np.ndarray:
     return np.zeros(0)
 
@@ -42,6 +49,8 @@ class OpArrays:
     lag: np.ndarray = field(default_factory=_empty)  # [2, n]: lags of the first two
     dur: np.ndarray = field(default_factory=_empty)
     is_compute: np.ndarray = field(default_factory=_empty)
+    # ``memory_tables``' answers by ``duplex`` (a schedule simulated twice reads them twice)
+    _tables: dict[bool, MemoryTables] = field(default_factory=dict)
 
     def name(self, op: int) -> str:
         s = int(self.stage[op])
@@ -101,14 +110,18 @@ class OpArrays:
         self.dur = D[code, stage, ch]
         self.is_compute = is_c
 
-    def memory_tables(
-        self, problem: Problem, duplex: bool
-    ) -> tuple[list[float], list[bool], list[bool], list[int], list[int], list[float], list[float]]:
+    def memory_tables(self, problem: Problem, duplex: bool) -> MemoryTables:
         """For the memory wait: each op's memory delta, whether it is an OFFLOAD, whether it is
         an allocating F, and per op the number of its stage's transfers listed before it on its
         first transfer queue (every transfer; with ``duplex`` the OFFLOADs) and on its second
         (with ``duplex`` the RELOADs; else none), the reload bytes listed before it, and the
         memory change of the compute ops listed before it."""
+        known = self._tables.get(duplex)
+        if known is None:
+            known = self._tables[duplex] = self._memory_tables(problem, duplex)
+        return known
+
+    def _memory_tables(self, problem: Problem, duplex: bool) -> MemoryTables:
         pb = problem
         code, stage, ch, n = self.code, self.stage, self.ch, self.n
         m_f, m_b, m_w = pb.cost("m_f"), pb.cost("m_b"), pb.cost("m_w")

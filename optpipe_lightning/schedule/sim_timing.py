@@ -29,6 +29,7 @@ from .schedule import Violation
 from .sim_deadlock import deadlock_violation
 from .sim_memory import MEMORY_TOLERANCE
 from .sim_ops import OpArrays
+from .sim_overlimit import OverLimit, certificate_tables
 
 
 @dataclass
@@ -47,10 +48,13 @@ def time_ops(
     memory_wait: bool,
     violations: list[Violation],
     limits: list[float | None] | None = None,
+    certify: bool = False,
 ) -> Timing | None:
     """ASAP start and end of every op, and the memory waits taken; None (with a deadlock
     violation appended to ``violations``) if stuck. ``limits``: the per-stage memory the waits
-    keep within (default the problem's limits; a schedule's ``memory_budget`` lowers them)."""
+    keep within (default the problem's limits; a schedule's ``memory_budget`` lowers them).
+    ``certify`` (without ``memory_wait`` only): raise ``OverLimit`` as soon as the timing so far
+    proves that the memory curve goes over a limit (``sim_overlimit``'s certificate)."""
     pb = problem
     p, n = pb.num_stages, ops.n
     dep = ops.dep
@@ -102,7 +106,15 @@ def time_ops(
         else lim * (1 + MEMORY_TOLERANCE) + 1e-6
         for s, lim in enumerate(pb.memory_limits() if limits is None else limits)
     ]
-    if any(c is not None for c in cap):
+    # the over-limit certificate's thresholds (``sim_overlimit``; without the memory wait only)
+    chk: list[float | None] = [None] * p
+    if certify and not memory_wait:
+        cert = certificate_tables(
+            pb, ops, pb.memory_limits() if limits is None else limits, [bool(q) for q in xfer_q]
+        )
+        chk = cert.threshold
+    track = [c is not None or k is not None for c, k in zip(cap, chk, strict=True)]
+    if any(track):
         mdelta, is_off, waits_for_memory, xbefore, xbefore1, rbefore, cbefore = ops.memory_tables(
             pb, duplex
         )
@@ -273,6 +285,73 @@ def time_ops(
             k = last + 1
         return t, -1, -1  # no earlier offload makes it fit: the violation is reported
 
+    def over_limit(s: int, op: int, t: float, e: float, base: float) -> bool | None:
+        """The certificate (``sim_overlimit``): F ``op`` of stage ``s`` runs from ``t`` to ``e``
+        without the memory wait, the compute ops up to it leave ``base``; True when the curve's
+        step at ``e`` is certainly over the limit, None while a transfer of the stage listed
+        before it is not timed yet (decided once it is: ``pending``)."""
+        tol = cert.tol
+        h = e + cert.window[s] + tol  # no event of the step at e lies after h
+        qo = 2 * s
+        to = xev_t[qo]
+        no = xbefore[op]
+        if len(to) < no:
+            return None
+        if duplex:
+            qr = qo + 1
+            tr = xev_t[qr]
+            nr = xbefore1[op]
+            if len(tr) < nr:
+                return None
+            # a reload starting between t and h may settle offloads that ended after t
+            i = bisect_right(tr, t - tol, 0, nr)
+            wide = cert.reload_next[op] or (i < nr and tr[i] <= h)
+            k = bisect_right(to, h if wide else t + tol, 0, no)
+            j = bisect_right(tr, e, 0, nr)
+            cr = xev_cum[qr]
+            moved = (xev_cum[qo][k - 1] if k else 0.0) + (cr[j - 1] if j else 0.0)
+        else:
+            offs = xev_off[qo]
+            i = bisect_right(to, t - tol, 0, no)
+            wide = cert.reload_next[op]
+            while not wide and i < no and to[i] <= h:
+                wide = not offs[i]
+                i += 1
+            k = bisect_right(to, h if wide else t + tol, 0, no)
+            j = bisect_right(to, e, 0, no)
+            cum, rcum = xev_cum[qo], xev_rcum[qo]
+            freed = (cum[k - 1] - rcum[k - 1]) if k else 0.0
+            moved = freed + (rcum[j - 1] if j else 0.0)
+        lim = chk[s]
+        assert lim is not None
+        return base + moved > lim
+
+    # per stage, the certificate's checks still undecided: (op, start, end, base), list order
+    pending: list[list[tuple[int, float, float, float]]] = [[] for _ in range(p)]
+
+    def check(s: int, op: int, t: float, e: float, base: float) -> None:
+        """Raise ``OverLimit`` when the certificate holds now; keep the check for later when
+        it cannot be decided yet."""
+        if pending[s]:
+            pending[s].append((op, t, e, base))
+            return
+        over = over_limit(s, op, t, e, base)
+        if over is None:
+            pending[s].append((op, t, e, base))
+        elif over:
+            raise OverLimit(s)
+
+    def recheck(s: int) -> None:
+        """The stage's undecided checks that a newly timed transfer decides, in list order."""
+        todo = pending[s]
+        while todo:
+            over = over_limit(s, *todo[0])
+            if over is None:
+                return
+            if over:
+                raise OverLimit(s)
+            todo.pop(0)
+
     def run_private_channel(c: int, q: int) -> int:
         """A lane of one transfer queue: transfers in list order, no arbitration."""
         s = q // 2
@@ -298,8 +377,10 @@ def time_ops(
             start[op] = t
             free = t + du
             end[op] = free
-            if cap[s] is not None:
+            if track[s]:
                 record(op, q, t, free)
+                if pending[s]:
+                    recheck(s)
             k += 1
             if op in waiters:
                 wake(op)
@@ -361,8 +442,10 @@ def time_ops(
             start[op] = t
             e = t + xfer_rows[q][xfer_ptr[q]][5]
             end[op] = e
-            if cap[q // 2] is not None:
+            if track[q // 2]:
                 record(op, q, t, e)
+                if pending[q // 2]:
+                    recheck(q // 2)
             chan_free[c] = e
             xfer_ptr[q] += 1
             started += 1
@@ -379,7 +462,7 @@ def time_ops(
             s = item
             k0 = k = comp_ptr[s]
             free = dev_free[s]
-            if cap[s] is None:
+            if cap[s] is None and chk[s] is None:
                 for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
                     ea, eb, ec = end[a], end[b], end[c]
                     if ea < 0 or eb < 0 or ec < 0:
@@ -398,6 +481,32 @@ def time_ops(
                     k += 1
                     if op in waiters:
                         wake(op)
+            elif cap[s] is None:
+                # no memory wait; the over-limit certificate checked at each allocating F
+                level = comp_level[s]
+                ok = cert.checked
+                for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):
+                    ea, eb, ec = end[a], end[b], end[c]
+                    if ea < 0 or eb < 0 or ec < 0:
+                        wait_on(a if ea < 0 else (b if eb < 0 else c), s)
+                        break
+                    t = ea + la
+                    if eb + lb > t:
+                        t = eb + lb
+                    if ec > t:
+                        t = ec
+                    if free > t:
+                        t = free
+                    start[op] = t
+                    free = t + du
+                    end[op] = free
+                    if ok[op]:
+                        check(s, op, t, free, level + mdelta[op])
+                    level += mdelta[op]
+                    k += 1
+                    if op in waiters:
+                        wake(op)
+                comp_level[s] = level
             else:
                 level = comp_level[s]
                 for op, a, b, c, la, lb, du in islice(comp_rows[s], k0, None):

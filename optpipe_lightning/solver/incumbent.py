@@ -37,6 +37,8 @@ class Budget:
         # simulation: an upper bound of one simulation before one is measured)
         self.rule_seconds: list[float] = []
         self.phase_seconds: dict[str, float] = {}
+        # schedules simulated by the search phases that count them (``params["candidates"]``)
+        self.candidates: dict[str, int] = {}
         self.skipped: list[str] = []
 
     def now(self) -> float:
@@ -58,6 +60,18 @@ class Budget:
     def add(self, name: str, seconds: float) -> None:
         self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
 
+    def count(self, name: str, candidates: int) -> None:
+        """``candidates`` more schedules simulated in phase ``name``."""
+        self.candidates[name] = self.candidates.get(name, 0) + candidates
+
+    def candidate_rates(self) -> dict[str, dict[str, float]]:
+        """Per counting phase: candidates simulated and candidates per second of the phase."""
+        out: dict[str, dict[str, float]] = {}
+        for name, n in self.candidates.items():
+            secs = self.phase_seconds.get(name, 0.0)
+            out[name] = {"candidates": n, "per_second": round(n / secs, 2) if secs > 0 else 0.0}
+        return out
+
     def rest(self) -> Budget:
         """A budget from now to the same end that books its phases and skips here (the shares
         of its phases count from now)."""
@@ -66,6 +80,7 @@ class Budget:
         sub.sim_seconds = self.sim_seconds
         sub.rule_seconds = self.rule_seconds
         sub.phase_seconds = self.phase_seconds
+        sub.candidates = self.candidates
         sub.skipped = self.skipped
         return sub
 

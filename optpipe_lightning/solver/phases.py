@@ -440,7 +440,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
         return
     source = best.source
     with budget.phase("search: actions"):
-        action_search.improve(
+        _rows, _res, tried = action_search.improve(
             problem,
             best.schedule,
             deadline=until,
@@ -451,6 +451,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             stop=args.stop,
             max_tries=None if args.deterministic_time is None else SEARCH_DETERMINISTIC_TRIES,
         )
+    budget.count("search: actions", tried)
 
 
 def _run_lns(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:

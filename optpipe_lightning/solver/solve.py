@@ -232,6 +232,8 @@ def solve(
         "source": top.source,
         "phase_seconds": {k: round(v, 3) for k, v in budget.phase_seconds.items()},
     }
+    if budget.candidates:
+        params["candidates"] = budget.candidate_rates()
     if robustness is not None:
         params["robust"] = robustness
     if trimmed:

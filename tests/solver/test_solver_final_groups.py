@@ -89,6 +89,9 @@ def test_unequal_groups_run_inside_solve(tmp_path: Path) -> None:
     assert any(inc.source == "search:groups" for inc in seen), [i.source for i in seen]
     assert simulate(pb, res.schedule).makespan == pytest.approx(res.makespan)
     assert res.makespan < 1.7472  # the unequal groups (1.7471), or better
+    # the action search's candidates, counted (a deterministic time: at most its 200 tries)
+    counted = res.schedule.params["candidates"]["search: actions"]
+    assert 0 < counted["candidates"] <= 200 and counted["per_second"] > 0
 
 
 def test_the_order_knobs_leave_the_fill_and_final_groups_most_of_the_search() -> None:

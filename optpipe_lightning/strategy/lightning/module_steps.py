@@ -39,10 +39,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..runtime.microbatch import combine_logged, merge_outputs, shape_key, signature
+from ..runtime.microbatch import InputFingerprint, combine_logged, merge_outputs, shape_key
 from ..runtime.process_groups import PipelineComm
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
+# the keywords ``self.log`` takes besides name and value (both positional in the common call)
+_LOG_KEYWORDS = frozenset(
+    k
+    for k, p in _LOG_SIGNATURE.parameters.items()
+    if k not in ("self", "name", "value") and p.kind is not inspect.Parameter.VAR_KEYWORD
+)
 _MISSING = object()
 
 
@@ -124,7 +130,7 @@ class ModuleStep:
         self.kwargs = dict(kwargs or {})
         self.train = train
         self.guard = guard  # guard(True): collectives refuse while the step runs on one rank
-        self._signatures: list[list[float]] = []
+        self._fingerprints: list[InputFingerprint] = []
         self._logs: list[list[tuple[str, Tensor, dict[str, Any]]]] = []
         self._losses: list[Tensor] = []
         self._outputs: list[Any] = []
@@ -133,6 +139,7 @@ class ModuleStep:
         # the hand-out the last stage started inside the pipeline (``post_training``):
         # (work, tensor, its kind)
         self._posted: tuple[Any, Tensor, int] | None = None
+        self._kind: Any = _MISSING  # the default step's kind, or None (``_default_kind``)
 
     # ---- 1. inputs ---------------------------------------------------------------------------
 
@@ -141,18 +148,17 @@ class ModuleStep:
     ) -> list[tuple[Tensor, ...]]:
         """The forward's arguments for each microbatch (every rank; the step stops there).
 
-        ``fingerprint``: keep their values' fingerprints, which the last stage's ``answer``
-        checks; a rank known not to hold the last stage skips them (two reductions over every
-        input tensor per microbatch and step)."""
+        ``fingerprint``: keep their fingerprints (``InputFingerprint``), which the last stage's
+        ``answer`` checks; a rank known not to hold the last stage skips them."""
         out: list[tuple[Tensor, ...]] = []
         for batch in microbatches:
 
             def forward(*a: Any, **kw: Any) -> Any:
                 raise _ForwardCalled(a, kw)
 
-            with torch.no_grad(), self._patched(forward, _ignore_log):
+            with torch.no_grad():
                 try:
-                    self._call(batch)
+                    self._run(batch, forward, _ignore_log)
                 except _ForwardCalled as called:
                     args, kwargs = called.call_args, called.call_kwargs
                 else:
@@ -181,7 +187,7 @@ class ModuleStep:
                     "(pad every batch to one length)"
                 )
             if fingerprint:
-                self._signatures.append(signature(args))
+                self._fingerprints.append(InputFingerprint(args))
             out.append(tuple(args))
         return out
 
@@ -206,7 +212,7 @@ class ModuleStep:
                     "pipeline answers one forward per step: call self(inputs) once"
                 )
             calls.append(1)
-            if i < len(self._signatures) and signature(a) != self._signatures[i]:
+            if i < len(self._fingerprints) and not self._fingerprints[i].matches(a):
                 raise PipelineStepError(
                     f"{self.hook} computed other inputs for the forward when it ran again "
                     "(randomness in the step before self(...)?): the step runs twice on the "
@@ -221,8 +227,7 @@ class ModuleStep:
         if self.guard is not None:
             self.guard(True)
         try:
-            with self._patched(forward, log):
-                result = self._call(batch)
+            result = self._run(batch, forward, log)
             loss = self._loss_of(result) if self.train else None
         except Exception as e:
             self.failure = e
@@ -390,6 +395,21 @@ class ModuleStep:
     def _call(self, batch: Any) -> Any:
         return getattr(self.module, self.hook)(batch, *self.args, **self.kwargs)
 
+    def _run(self, batch: Any, forward: Callable[..., Any], log: Callable[..., None]) -> Any:
+        """The step on ``batch`` with the module's forward and ``self.log`` replaced; the
+        strategy's own default step (``DEFAULT_STEPS``) calls them directly (what it computes
+        is known: no module call, no patching), unless forward hooks would see the call."""
+        kind = self._default_kind()
+        if kind is not None:
+            return _step_body(self.module, batch, kind, forward, log)
+        with self._patched(forward, log):
+            return self._call(batch)
+
+    def _default_kind(self) -> str | None:
+        if self._kind is _MISSING:
+            self._kind = _default_kind(self.module, self.hook)
+        return self._kind
+
     @contextmanager
     def _patched(self, forward: Callable[..., Any], log: Callable[..., None]) -> Iterator[None]:
         """The module's forward and log replaced for one step call (instance attributes)."""
@@ -411,12 +431,23 @@ def _ignore_log(*args: Any, **kwargs: Any) -> None:
     """``self.log`` while the inputs are found: nothing (the answer pass logs)."""
 
 
+def _log_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(name, value, the other arguments given) of a ``self.log`` call, as binding it to
+    ``LightningModule.log``'s signature gives them; the common call (name and value first,
+    known keywords) without ``inspect`` (a step logs on every microbatch)."""
+    if len(args) == 2 and kwargs.keys() <= _LOG_KEYWORDS:
+        return args[0], args[1], dict(kwargs)
+    bound = _LOG_SIGNATURE.bind(None, *args, **kwargs)
+    options = {k: v for k, v in bound.arguments.items() if k not in ("self", "name", "value")}
+    return bound.arguments["name"], bound.arguments["value"], options
+
+
 def _logged(
     hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[str, Tensor, dict[str, Any]]:
-    bound = _LOG_SIGNATURE.bind(None, *args, **kwargs)
-    options = {k: v for k, v in bound.arguments.items() if k not in ("self", "name", "value")}
-    name, value = bound.arguments["name"], bound.arguments["value"]
+    name, value, options = _log_arguments(args, kwargs)
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise PipelineStepError(
@@ -495,15 +526,43 @@ def _shapes(args: Sequence[Tensor]) -> str:
 
 def _default_step(module: Any, batch: Any, kind: str) -> Tensor:
     """``x, y = split_batch(batch)``; ``loss = loss_fn(self(x), y)``, logged as one device would."""
+    return _step_body(module, batch, kind, module, module.log)
+
+
+def _step_body(
+    module: Any, batch: Any, kind: str, forward: Callable[..., Any], log: Callable[..., None]
+) -> Tensor:
+    """The default step with its forward call and ``self.log`` given."""
     strategy = module.trainer.strategy
     spec = strategy.spec
     x, y = spec.split(batch)
-    out = module(*x) if isinstance(x, tuple | list) else module(x)
+    out = forward(*x) if isinstance(x, tuple | list) else forward(x)
     loss: Tensor = spec.loss_fn(out, y)
     name = {"train": strategy.options.log_loss_as, "val": "val_loss", "test": "test_loss"}[kind]
     if name:
-        module.log(name, loss, prog_bar=True, sync_dist=strategy.options.data_parallel > 1)
+        log(name, loss, prog_bar=True, sync_dist=strategy.options.data_parallel > 1)
     return loss
+
+
+def _default_kind(module: Any, hook: str) -> str | None:
+    """ "train", "val" or "test" when ``module.<hook>`` is the default step the strategy put
+    there and no forward hook (the module's or global) would see ``self(x)``; else None."""
+    kinds = {"training_step": "train", "validation_step": "val", "test_step": "test"}
+    fn = DEFAULT_STEPS.get(hook)
+    bound = module.__dict__.get(hook)
+    if fn is None or getattr(bound, "__func__", None) is not fn:
+        return None
+    from torch.nn.modules import module as torch_module
+
+    hooks = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        getattr(torch_module, "_global_forward_hooks", None),
+        getattr(torch_module, "_global_forward_pre_hooks", None),
+    )
+    if getattr(module, "_compiled_call_impl", None) is not None:  # module.compile()
+        return None
+    return None if any(h is None or len(h) for h in hooks) else kinds[hook]
 
 
 def _default_training_step(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Tensor:

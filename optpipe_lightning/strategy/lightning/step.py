@@ -31,6 +31,7 @@ from ..runtime.checkpoint import keep_local_optimizer_state
 from ..runtime.microbatch import MicrobatchError, leading_size, shape_key, signature, split_batch
 from ..runtime.process_groups import PipelineComm
 from .module_steps import LogLayout, ModuleStep, StepPayload
+from .step_metrics import StepMetrics
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -50,6 +51,7 @@ class PipelinedSteps:
         self.guard = guard  # guard(True): collectives refuse while a step runs on one rank
         self.grads = GradientHandover()
         self.log_layout = LogLayout()  # what the training steps log (``share_training``)
+        self.metrics = StepMetrics()  # the strategy's ``optpipe/...`` metrics, when they change
         self._input_shape: Any = None  # the training pipeline's (torch fixes it on step 1)
         # the modes (training or not) the module's forward was probed in (``chain_probe``)
         self._chain_checked: set[bool] = set()

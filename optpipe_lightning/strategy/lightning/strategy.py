@@ -470,8 +470,7 @@ class OptPipeStrategy(ModelStateStrategy):
             self.optimizers,
             loss_scale(plugin, self.root_device),  # 16-mixed: the grad scaler's scale
         )
-        for name, value in sched.metrics().items():  # the schedule that ran, for loggers
-            module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        steps.metrics.log(module, sched.metrics())  # the schedule that ran, for loggers
         return out
 
     def backward(

@@ -9,6 +9,8 @@
 - ``combine_logged``: the values a step logged for one name in each microbatch, joined into the
   batch's value: their mean (over equal microbatches the whole batch's mean, which is what one
   device logs for a loss or an accuracy), their sum for metrics summed over steps.
+- ``InputFingerprint``: a step's forward inputs, to check that the step run again computes the
+  same ones (by where they live when they are the same memory, else by ``signature``).
 - ``merge_outputs``: the step's outputs of each microbatch joined into the batch's: tensors with a
   batch dimension concatenated, scalars averaged, containers joined element by element.
 """
@@ -126,6 +128,52 @@ def signature(x: Any) -> list[float]:
         d = t.detach().double()
         out += [float(d.sum()), float((d * d).sum()), float(d.numel())]
     return out
+
+
+class InputFingerprint:
+    """A microbatch's forward inputs as a step's first run computed them, to check that a rerun
+    computes the same values (``ModuleStep.answer``).
+
+    Where the inputs live is recorded (storage, offset, shape, strides, dtype, and the version
+    counter that every in-place write bumps) and the inputs are kept: a rerun whose inputs are
+    the same untouched memory has the same values, with no reduction over them (the common
+    step, ``x, y = batch``). Otherwise both sides' ``signature`` is compared, the first run's
+    taken from the kept tensors, so only if they were not written since (else the values the
+    first run gave the pipeline are gone: not the same). Without version counters (inference
+    tensors) or storages the signature is taken at once."""
+
+    def __init__(self, args: Sequence[Tensor]) -> None:
+        self.args = tuple(args)
+        self.where = _memory_keys(self.args)
+        self._signature = signature(self.args) if self.where is None else None
+
+    def matches(self, args: Sequence[Tensor]) -> bool:
+        if self.where is not None:
+            if _memory_keys(tuple(args)) == self.where:
+                return True
+            if _memory_keys(self.args) != self.where:  # written in place since the first run
+                return False
+            if self._signature is None:
+                self._signature = signature(self.args)
+        return signature(args) == self._signature
+
+
+def _memory_keys(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    try:
+        return tuple(
+            (
+                t.untyped_storage().data_ptr(),
+                t.storage_offset(),
+                tuple(t.shape),
+                t.stride(),
+                t.dtype,
+                t.device,
+                t._version,
+            )
+            for t in (args if all(isinstance(a, Tensor) for a in args) else tensors_of(args))
+        )
+    except (RuntimeError, NotImplementedError):  # no storage or no version counter
+        return None
 
 
 def combine_logged(values: Sequence[Tensor], reduce_fx: Any = "mean") -> Tensor:

@@ -101,6 +101,12 @@ class RankCursor:
         reloads keep their list order behind it (one copy lane per direction)."""
         self.actions = list(actions)
         self.offloaded = {(a.mb, a.chunk) for a in self.actions if a.op == "OFFLOAD"}
+        # per position, what torch must run there (compute) or None (a transfer); a list
+        # without transfers skips the offload bookkeeping of every action (none can apply)
+        self._expected: list[tuple[str, int, int] | None] = [
+            (a.op, a.mb, a.chunk) if a.is_compute else None for a in self.actions
+        ]
+        self.has_transfers = any(key is None for key in self._expected)
         self.waits: dict[int, list[tuple[int, int, int]]] = {}
         settle_at: dict[int, int] = {}  # OFFLOAD position -> where its copies are dropped
         for f_pos, o_pos in waits:
@@ -145,23 +151,23 @@ class RankCursor:
         self._t0: Any = None
 
     def finished(self) -> bool:
-        return not self._held and all(not a.is_compute for a in self.actions[self.pos :])
+        return not self._held and all(key is None for key in self._expected[self.pos :])
 
     # -- around a compute action ---------------------------------------------------------------
 
     def begin(self, op: str, mb: int, chunk: int) -> None:
         if self.watch_memory and self.memory is not None:
             self.memory.begin(op, chunk)  # the previous action's window ends here
-        # transfers listed before the first compute action are issued at time 0
-        self._issue_transfers()
+        if self.has_transfers:  # those listed before the first compute action: at time 0
+            self._issue_transfers()
         if self.pos >= len(self.actions):
             raise ScheduleDivergenceError(f"torch ran {op}{mb}.{chunk} after the list ended")
-        a = self.actions[self.pos]
-        if (a.op, a.mb, a.chunk) != (op, mb, chunk):
+        if self._expected[self.pos] != (op, mb, chunk):
             raise ScheduleDivergenceError(
-                f"torch ran {op} mb {mb} chunk {chunk}, the schedule has {a} next"
+                f"torch ran {op} mb {mb} chunk {chunk}, the schedule has "
+                f"{self.actions[self.pos]} next"
             )
-        if self.offload is not None:
+        if self.offload is not None and self.has_transfers:
             self.offload.poll()  # drop the device copies of finished offloads
             for key in self.waits.get(self.pos, ()):
                 self.offload.settle(key)  # this action starts after that copy (simulator)
@@ -173,12 +179,14 @@ class RankCursor:
         if self.measure:
             self.times[(op, chunk)].append(self._elapsed(self._t0))
         self.pos += 1
+        if not self.has_transfers:
+            return
         if op in ("W", "BW") and self.offload is not None:
             self.offload.release((0, mb, chunk))
         self._issue_transfers()
 
     def _issue_transfers(self) -> None:
-        while self.pos < len(self.actions) and not self.actions[self.pos].is_compute:
+        while self.pos < len(self.actions) and self._expected[self.pos] is None:
             a = self.actions[self.pos]
             if self.offload is None:
                 raise ScheduleDivergenceError(f"schedule has {a} but offload is off")
