@@ -8,9 +8,9 @@ optional OFFLOAD/RELOAD intervals (OFFLOAD after F, RELOAD after OFFLOAD, B afte
 no-overlap per copy lane (``schedule.lanes``: with duplex a channel's offloads and its reloads
 each on a lane of their own, else both on one). Memory
 per device is a reservoir (unexpanded, as measured for this project): +m_f at F end, m_b at B end,
-m_w at W end, -bytes at the OFFLOAD's settle point (a free time chosen at an op that may settle
-it, ``settle``: exact where memory binds) and +bytes at RELOAD start when ``o``; events at one
-instant net out, as in the simulator. Where a fused backward is cheaper than B then W
+m_w at W end, -bytes at the OFFLOAD's settle point (conservatively its end plus the stage's
+longest F: ``settle_delay``) and +bytes at RELOAD start when ``o``; events at one instant net
+out, as in the simulator. Where a fused backward is cheaper than B then W
 (``ticks.fusable``), a Boolean per backward chooses: B lasts t_bw and W nothing, right at B's end
 (one BW op, freeing m_b and m_w at its end), or B then W as usual. Symmetry breaking: ops of one
 kind on one group run in microbatch order (W's only among the split ones: a fused W is pinned to
@@ -31,7 +31,6 @@ from ortools.sat.python import cp_model
 from ..schedule.lanes import stage_lanes
 from ..schedule.problem import Problem
 from . import fusing
-from .settle import add_settle_choice, first_settle, settle_candidates
 from .ticks import OpKey, TickModel, fusable
 from .tight import tight_model_size as tight_model_size  # re-exported: callers import it here
 from .tight import tight_options
@@ -50,8 +49,7 @@ class CpOutcome:
 
 
 def settle_delay(tm: TickModel, problem: Problem, s: int) -> int:
-    """The MILP's conservative stand-in for the settle point (CP-SAT models it: ``settle``).
-    Ticks after an offload's copy ends by which its bytes have surely left stage ``s`` for
+    """Ticks after an offload's copy ends by which its bytes have surely left stage ``s`` for
     every allocation that matters (the simulator's settle point, ``sim_memory``): an F ending at
     ``T`` with ``T >= copy end + this`` started at or after the copy's end, so it (or an action
     before it) is the settle point; a reload starting then settles it itself. Exact where the
@@ -113,7 +111,6 @@ class _Model:
         lb: int,
         tight: bool,
         window: int | None = None,
-        settle_window: int | None = None,
     ) -> None:
         pb = problem
         self.pb = pb
@@ -138,9 +135,6 @@ class _Model:
             if tm.duration("BW", s, c) < tm.duration("B", s, c) + tm.duration("W", s, c)
         }
         self.offload: dict[tuple[int, int, int], cp_model.IntVar] = {}
-        # per offload: when the model frees its bytes, and its settle choices (``settle_options``)
-        self.settle: dict[tuple[int, int, int], cp_model.IntVar] = {}
-        self.settle_lits: dict[tuple[int, int, int], list[tuple[cp_model.IntVar, OpKey]]] = {}
         dev_iv: list[list[cp_model.IntervalVar]] = [[] for _ in range(p)]
         lanes = stage_lanes(pb)
         lane_iv: dict[int, list[cp_model.IntervalVar]] = {}
@@ -188,6 +182,7 @@ class _Model:
                 else 0
             )
             offloadable = use_off and ob[s, c] > 0 and limits[s] is not None
+            settle = settle_delay(tm, pb, s) if offloadable else 0
             for j in range(m):
                 F, B, W = (
                     self.start[("F", s, c, j)],
@@ -252,45 +247,16 @@ class _Model:
                     deps[kR] = [(kO, 0)]
                     deps[kB].append((kR, 0))
                     b = mem(float(ob[s, c]))
-                    # the bytes leave at the settle point (``_add_settle_points``); +b at RELOAD
-                    tau = md.new_int_var(0, horizon, f"set{s}.{c}.{j}")
-                    self.settle[(s, c, j)] = tau
-                    res_times[s] += [tau, sr]
+                    # the bytes leave at the settle point: conservatively, the copy's end plus
+                    # the stage's longest forward (``settle_delay``)
+                    res_times[s] += [so + d_off + settle, sr]
                     res_deltas[s] += [-b, b]
                     res_active[s] += [o, o]
-        self._add_settle_points(settle_window)
         add_resources(md, dev_iv, lane_iv, limits, sc, res_times, res_deltas, res_active)
         self.tight: list[tuple[cp_model.IntVar, OpKey, OpKey | None, int]] = []
         if tight:
             self._add_no_voluntary_idle(window)
         md.minimize(ms)
-
-    def _add_settle_points(self, window: int | None) -> None:
-        """Each offload's free time ``tau`` at one of the ops that may settle it (``settle``)."""
-        md = self.model
-        group = {sc: g for g, sc in enumerate(self.pb.group_table)}
-        by_stage: dict[int, list[OpKey]] = {}
-        for key in self.start:
-            by_stage.setdefault(key[1], []).append(key)
-        for act, tau in self.settle.items():
-            keys = settle_candidates(act, by_stage[act[0]], group, window)
-            options = []
-            for key in keys:
-                needs: list[cp_model.LiteralT] = []
-                if key[0] == "RELOAD":
-                    needs.append(self.offload[(key[1], key[2], key[3])])
-                elif key[0] == "W" and key[1:] in self.fused:  # a fused W is no action
-                    needs.append(~self.fused[(key[1], key[2], key[3])])
-                options.append((self.start[key], key[0] == "RELOAD", needs))
-            lits = add_settle_choice(
-                md,
-                tau,
-                self.offload[act],
-                self.end[("OFFLOAD", *act)],
-                self.start[("RELOAD", *act)],
-                options,
-            )
-            self.settle_lits[act] = list(zip(lits, [("RELOAD", *act), *keys], strict=True))
 
     def _add_fusable(
         self, md: cp_model.CpModel, dev: list[cp_model.IntervalVar], s: int, c: int, j: int
@@ -322,7 +288,8 @@ class _Model:
     def _add_no_voluntary_idle(self, window: int | None) -> None:
         """Only timings the simulator reproduces (see ``tight_options``)."""
         md = self.model
-        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur)
+        settle = [settle_delay(self.tm, self.pb, x) for x in range(self.pb.num_stages)]
+        options = tight_options(self.pb, list(self.start), self.deps, window, self.dur, settle)
         for key, opts in options.items():
             lits = []
             for a, lag in opts:
@@ -368,23 +335,6 @@ class _Model:
         for sj, z in self.fused.items():
             md.add_hint(z, sj in fused)
         md.add_hint(self.makespan, mk)
-
-        for act, tau in self.settle.items():
-            choice: tuple[OpKey | None, int] = (None, 0)
-            if act in offloaded:
-                ready = starts.get(("OFFLOAD", *act), 0) + self.dur[("OFFLOAD", *act)]
-                cands = [
-                    k
-                    for _lit, k in self.settle_lits[act][1:]
-                    if (k[0] != "RELOAD" or k[1:] in offloaded)
-                    and not (k[0] == "W" and k[1:] in fused)
-                ]
-                own = starts.get(("RELOAD", *act), 0)
-                choice = first_settle(act, ready, own, starts, cands)
-            md.add_hint(tau, choice[1])
-            for i, (lit, k) in enumerate(self.settle_lits[act]):
-                pick = act in offloaded and (k == choice[0] or (i == 0 and choice[0] is None))
-                md.add_hint(lit, pick)
 
         def on(k: OpKey) -> bool:
             return k[0] not in ("OFFLOAD", "RELOAD") or (k[1], k[2], k[3]) in offloaded
@@ -497,9 +447,7 @@ def solve_cpsat(
     backward intervals variable, and the whole model searched worse from a split hint at 8x32x2
     (half the memory, copies 0.5x, BW 0.8 x (B + W): 103.2 against 101.5 split only, in 30 s).
     """
-    # every op that may settle an offload is a choice (``settle``), so the bound stays valid;
-    # with a window (no valid bound) only those of microbatches within it
-    model = _Model(problem, tm, horizon, lower_bound, tight, window, settle_window=window)
+    model = _Model(problem, tm, horizon, lower_bound, tight, window)
     if hint is not None:
         model.add_hint(*hint)
     t_built = time.perf_counter()
@@ -578,10 +526,8 @@ def _search(
     # 8x32x2): presolve alone then ran past a 60 s limit and ignored the stop for 2 s. Kept as
     # an all-different it presolves in about 3 s.
     prm.max_alldiff_domain_size = 1
-    if tight or model.settle:
-        # presolve of the many tightness literals (and its probing of the settle choices) costs
-        # seconds before the hint is even seen (4x16x2 relaxation, settle choices: presolve
-        # used up 0.2 deterministic s; without it the hint was taken at 0.05 s)
+    if tight:
+        # presolve of the many tightness literals costs seconds before the hint is even seen
         prm.cp_model_presolve = False
     prm.relative_gap_limit = max(0.0, gap_target)
     if deterministic_time is not None:

@@ -16,8 +16,7 @@ hundred ops is not. One step, on the incumbent's simulated timeline and a window
   in the middle that finishes earlier is taken too).
 
 Dependencies, one op at a time per device and per copy lane, and each device's memory limit (a
-reservoir over the ops' memory events, the fixed ones included; an offload frees at its settle
-point, chosen among the modelled ops as in ``cpsat``, ``_settle_points``) hold as in ``cpsat``; ops may
+reservoir over the ops' memory events, the fixed ones included) hold as in ``cpsat``; ops may
 idle (the relaxation), so the solution is an order, not a timing. The new order is spliced into
 the action lists (fixed ops first, the window's in its new order, the left-out ops after, as they
 were), repaired (reloads issued later where ASAP timing breaks the limit) and timed by the
@@ -49,7 +48,6 @@ from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import SimResult, simulate
 from .cpsat import memory_scale, solve_stoppable
 from .extract import actions_from_times, repair
-from .settle import add_settle_choice, settle_candidates
 from .ticks import OpKey, TickModel, tick_model
 
 WINDOW_OPS = 240
@@ -234,10 +232,7 @@ class _Window:
             min([rel_dev[s]] + [rel_lane.get(ln, 0) for ln in set(stage_lanes(pb)[s])])
             for s in range(p)
         ]
-        # per modelled settle choice: (offload, free time, choice literals, candidate ops)
-        self.settle_hint: list[tuple[Key, cp_model.IntVar, list[cp_model.IntVar], list[Key]]] = []
-        settle = self._settle_points(limits, ops, t_up, active)
-        self._add_memory(limits, ops, t_up, release, active, settle)
+        self._add_memory(limits, ops, t_up, release, active)
         # objective: the largest estimate of the makespan, then the sum of the devices' ends
         # each device's tail: from the end of its last modelled op to the incumbent's makespan
         # (the left-out part, as if it only moved with the device's own end)
@@ -269,93 +264,6 @@ class _Window:
         self.ends = ends
         md.minimize(len(ends) * z + sum(ends))
 
-    def _settle_points(
-        self,
-        limits: list[float | None],
-        ops: dict[Key, _Op],
-        t_up: Callable[[float], int],
-        active: Callable[[Key], cp_model.IntVar | None],
-    ) -> dict[Key, cp_model.LinearExprT]:
-        """When each OFFLOAD's bytes leave (``settle``), fixed or modelled: a fixed one at the
-        first fixed op of its stage that settles it where there is one (a constant), else, like
-        a modelled one, at a modelled op of its stage the model chooses (``settle``), its own
-        reload (the horizon where that is left out) included."""
-        md, hi = self.model, self.horizon
-        group = {sc: g for g, sc in enumerate(self.pb.group_table)}
-        # ops of microbatches this far either side may settle an offload (a 1F1B-like order
-        # runs the backward of a microbatch about one per layer group behind its forward)
-        reach = self.pb.num_virtual_stages
-        modelled: dict[int, list[Key]] = {}
-        fixed: dict[int, list[_Op]] = {}
-        for key, o in ops.items():
-            if key in self.start:
-                modelled.setdefault(key[1], []).append(key)
-            elif o.zone == "prefix":
-                fixed.setdefault(key[1], []).append(o)
-        out: dict[Key, cp_model.LinearExprT] = {}
-        offloads = [k for k in self.start if k[0] == "OFFLOAD"]
-        offloads += [f.key for fs in fixed.values() for f in fs if f.key[0] == "OFFLOAD"]
-        for key in offloads:
-            s = key[1]
-            if limits[s] is None:
-                continue
-            act = (s, key[2], key[3])
-            if key not in self.start:  # fixed: a fixed op after its copy settles it
-                ready = t_up(ops[key].end)
-                at = [
-                    t_up(f.start) + (f.key[0] != "RELOAD")
-                    for f in fixed.get(s, [])
-                    if f.key[0] != "OFFLOAD" and f.key[1:] != act and t_up(f.start) >= ready
-                ]
-                if at:
-                    out[key] = min(at)
-                    continue
-                ready_expr: cp_model.LinearExprT = ready
-                lit = md.new_bool_var("")
-                md.add(lit == 1)
-            else:
-                ready_expr = self.start[key] + self.dur[key]
-                on = active(key)
-                lit = on if on is not None else md.new_bool_var("")
-                if on is None:
-                    md.add(lit == 1)
-            rk = ("RELOAD", *act)
-            own = self.start.get(rk, hi)
-            cands = [
-                k for k in settle_candidates(act, modelled.get(s, []), group, reach) if k != rk
-            ]
-            options = [
-                (self.start[k], k[0] == "RELOAD", [a] if (a := active(k)) is not None else [])
-                for k in cands
-            ]
-            tau = md.new_int_var(0, hi, "")
-            lits = add_settle_choice(md, tau, lit, ready_expr, own, options)
-            self.settle_hint.append((key, tau, lits, cands))
-            out[key] = tau
-        return out
-
-    def _hint_settle(self) -> None:
-        """The settle choices of the incumbent (the first op that settles each offload)."""
-        md, tick, ops = self.model, self.tm.tick, self.ops
-
-        def at(k: Key) -> int:
-            return min(self.horizon, round(ops[k].start / tick))
-
-        for key, tau, lits, cands in self.settle_hint:
-            pick, val = -1, 0
-            if key in ops:
-                ready = at(key) + self.dur.get(key, 0)
-                rk = ("RELOAD", *key[1:])
-                pick, val = 0, at(rk) if rk in self.start and rk in ops else self.horizon
-                for i, k in enumerate(cands, start=1):
-                    if k in ops and at(k) >= ready:
-                        v = at(k) + (k[0] != "RELOAD")
-                        if v < val:
-                            pick, val = i, v
-            md.add_hint(tau, val)
-            for i, lit in enumerate(lits):
-                md.add_hint(lit, i == pick)
-
     def _add_memory(
         self,
         limits: list[float | None],
@@ -363,7 +271,6 @@ class _Window:
         t_up: Callable[[float], int],
         release: list[int],
         active: Callable[[Key], cp_model.IntVar | None],
-        settle: dict[Key, cp_model.LinearExprT],
     ) -> None:
         """One reservoir per device with a limit: the modelled ops' events (a chosen transfer's
         only when chosen), the fixed ops' as constants, those before ``release[s]`` (no modelled
@@ -394,9 +301,7 @@ class _Window:
             if limits[s] is None or d == 0:
                 continue
             lit = active(key)
-            times[s].append(
-                x if op == "RELOAD" else settle[key] if op == "OFFLOAD" else x + self.dur[key]
-            )
+            times[s].append(x if op == "RELOAD" else x + self.dur[key])
             deltas[s].append(d)
             acts[s].append(True if lit is None else lit)
         for key, o in ops.items():
@@ -404,8 +309,8 @@ class _Window:
             if o.zone != "prefix" or limits[s] is None:
                 continue
             d = delta(op, s, c)
-            at = t_up(o.start) if op == "RELOAD" else settle.get(key, t_up(o.end))
-            if isinstance(at, int) and at <= release[s]:
+            at = t_up(o.start) if op == "RELOAD" else t_up(o.end)
+            if at <= release[s]:
                 base[s] += d
             elif d:
                 times[s].append(at)
@@ -434,7 +339,6 @@ class _Window:
             md.add_hint(lit, ("OFFLOAD", *act) in self.ops)
         for var, val in self.end_hint:
             md.add_hint(var, val)
-        self._hint_settle()
 
 
 def time_zones(a: float, b: float, follow_end: float) -> Callable[[_Op], str]:

@@ -7,8 +7,7 @@ of such a schedule is its steady state, so the search here is over the steady st
 start of every op of K consecutive microbatches (``k = 0..K-1``), the offload decision of each of
 their activations, and a period T; microbatch ``j = q K + k`` runs pattern ``k`` shifted by ``q T``.
 
-Model (integer ticks, the semantics of ``cpsat``, its settle choices included: ``settle``,
-``_add_settle``): the pattern's precedences, durations, copies
+Model (integer ticks, the semantics of ``cpsat``): the pattern's precedences, durations, copies
 (one no-overlap per copy lane: with duplex a channel's offloads and reloads on a lane each) and
 FIFO order per op kind and group (including from ``K - 1`` to the next period's ``0``). Every
 op of one pattern instance runs within ``[0, Q T]``, so instances more than ``Q`` periods apart
@@ -44,9 +43,8 @@ from ortools.sat.python import cp_model
 from ..schedule.bounds import least_time_for_memory
 from ..schedule.lanes import is_duplex, stage_lanes
 from ..schedule.problem import Problem
-from .cpsat import add_resources, memory_scale, solve_stoppable
+from .cpsat import add_resources, memory_scale, settle_delay, solve_stoppable
 from .list_rules import slow_copies
-from .settle import add_settle_choice, first_settle, settle_candidates
 from .ticks import OpKey, TickModel
 
 # pattern sizes tried, in order (K microbatches per period), each after a divisor that can hint
@@ -235,7 +233,6 @@ class _PatternModel:
         minimize_period: bool = False,
     ) -> None:
         pb = problem
-        self.pb = pb
         K, m = size, pb.num_microbatches
         p = pb.num_stages
         Q = max(windows)
@@ -255,9 +252,6 @@ class _PatternModel:
         self.base: dict[PatternKey, cp_model.IntVar] = {}
         self.dur: dict[tuple[str, int], int] = {}
         self.off: dict[tuple[int, int], cp_model.IntVar] = {}
-        # per pattern offload: when its bytes leave, and the ops that may settle it
-        self.tau: dict[tuple[int, int], cp_model.IntVar] = {}
-        self.settle_lits: dict[tuple[int, int], list[tuple[cp_model.IntVar, OpKey | None]]] = {}
         inst: dict[tuple[str, int, int], cp_model.IntVar] = {}
 
         def at(op: str, g: int, j: int) -> cp_model.IntVar:
@@ -334,7 +328,6 @@ class _PatternModel:
                     md.add(sr + d_rel <= B).only_enforce_if(o)
                     md.add(so == 0).only_enforce_if(~o)
                     md.add(sr == 0).only_enforce_if(~o)
-                    self.tau[(g, k)] = md.new_int_var(0, span, f"set{g}.{k}")
             for j in range(windows[s] * K):
                 for op in ("F", "B", "W"):
                     x = at(op, g, j)
@@ -355,68 +348,16 @@ class _PatternModel:
                         md.new_optional_fixed_size_interval_var(sr, d_rel, o, "")
                     )
                     moved = round(float(ob[s, c]) * sc)
-                    # the bytes leave at the settle point: the pattern's choice (``_add_settle``)
-                    r_t[s] += [self.tau[(g, j % K)] + (j // K) * T, sr]
+                    # the bytes leave at the settle point: conservatively, the stage's longest
+                    # F after the copy's end (``cpsat.settle_delay``)
+                    r_t[s] += [so + d_off + settle_delay(tm, pb, s), sr]
                     r_d[s] += [-moved, moved]
                     r_a[s] += [o, o]
-        self._add_settle()
         add_resources(md, dev, lane_ivs, limits, sc, r_t, r_d, r_a)
         self.makespan = md.new_int_var(0, cutoff, "makespan")
         for k in range(K):
             md.add(self.makespan >= ((m - 1 - k) // K) * T + self.ends[k])
         md.minimize(T if minimize_period else self.makespan)
-
-    def _settle_keys(self, g: int, k: int) -> list[OpKey]:
-        """The ops that may settle pattern offload (g, k) (``settle.settle_candidates``): ops
-        of its device for microbatches up to G + K either side (microbatch ``j`` of the pattern
-        is op ``j mod K`` of period ``j div K``, before period 0 where negative)."""
-        pb, K = self.pb, self.size
-        table = pb.group_table
-        s, c = table[g]
-        group = {sc: x for x, sc in enumerate(table)}
-        reach = len(table) + K
-        keys = [
-            (op, s, c2, j2)
-            for g2, (s2, c2) in enumerate(table)
-            if s2 == s
-            for j2 in range(k - reach, k + reach + 1)
-            for op in ("F", "B", "W", "RELOAD")
-            if op != "RELOAD" or (g2, j2 % K) in self.off
-        ]
-        return settle_candidates((s, c, k), keys, group, None)
-
-    def _at(self, key: OpKey) -> cp_model.LinearExprT:
-        """The start of a ``_settle_keys`` op in the pattern's variables."""
-        op, s, c, j = key
-        return self.base[(op, self.pb.group_of(s, c), j % self.size)] + (j // self.size) * self.T
-
-    def _add_settle(self) -> None:
-        """Each pattern offload frees at its own reload or at an op that may settle it
-        (``settle.add_settle_choice``); the same choice, shifted, for every period (exact in
-        the steady state; at the schedule's ends, where the chosen op's microbatch does not
-        exist, the simulator times what the unrolled schedule does)."""
-        md = self.model
-        for (g, k), tau in self.tau.items():
-            keys = self._settle_keys(g, k)
-            options = [
-                (
-                    self._at(key),
-                    key[0] == "RELOAD",
-                    [self.off[(self.pb.group_of(key[1], key[2]), key[3] % self.size)]]
-                    if key[0] == "RELOAD"
-                    else [],
-                )
-                for key in keys
-            ]
-            lits = add_settle_choice(
-                md,
-                tau,
-                self.off[(g, k)],
-                self.base[("OFFLOAD", g, k)] + self.dur[("OFFLOAD", g)],
-                self.base[("RELOAD", g, k)],
-                options,
-            )
-            self.settle_lits[(g, k)] = list(zip(lits, [None, *keys], strict=True))
 
     def add_hint(self, hint: Pattern) -> None:
         """Hint with a pattern of this size (a smaller one repeated: see ``repeated``)."""
@@ -426,26 +367,6 @@ class _PatternModel:
             md.add_hint(var, hint.starts.get(key, 0))
         for gk, o in self.off.items():
             md.add_hint(o, gk in hint.offloaded)
-        K, T = self.size, hint.period
-        for (g, k), tau in self.tau.items():
-            pick: OpKey | None = None
-            at = 0
-            if (g, k) in hint.offloaded:
-                starts = {
-                    ok: hint.starts[(ok[0], g2, ok[3] % K)] + (ok[3] // K) * T
-                    for _lit, ok in self.settle_lits[(g, k)][1:]
-                    if ok is not None
-                    and (ok[0], g2 := self.pb.group_of(ok[1], ok[2]), ok[3] % K) in hint.starts
-                }
-                ready = hint.starts[("OFFLOAD", g, k)] + self.dur[("OFFLOAD", g)]
-                s, c = self.pb.group_table[g]
-                pick, at = first_settle(
-                    (s, c, k), ready, hint.starts[("RELOAD", g, k)], starts, list(starts)
-                )
-            md.add_hint(tau, at)
-            for i, (lit, ok) in enumerate(self.settle_lits[(g, k)]):
-                on = (g, k) in hint.offloaded and (ok == pick if i else pick is None)
-                md.add_hint(lit, on)
 
     def pattern(self, solver: cp_model.CpSolver) -> Pattern:
         starts: dict[PatternKey, int] = {}

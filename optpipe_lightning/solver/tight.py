@@ -28,6 +28,7 @@ def tight_options(
     deps: dict[OpKey, list[tuple[OpKey, int]]],
     window: int | None,
     dur: dict[OpKey, int] | None = None,
+    settle: list[int] | None = None,
 ) -> dict[OpKey, list[tuple[OpKey | None, int]]]:
     """What each op's start may equal in a timing the simulator reproduces.
 
@@ -36,7 +37,10 @@ def tight_options(
     another op of its device ends (a transfer: a compute op of its stage, its issue point, or a
     transfer of its copy lane). The one wait it knows is for memory: an F may start exactly
     when an earlier OFFLOAD of its stage ends (it is then that offload's settle point), and with
-    duplex lanes a RELOAD may start exactly then (it settles that offload itself). A solution that idles otherwise would be timed earlier there and could break the memory
+    duplex lanes a RELOAD may start exactly then. With ``settle`` (ticks per stage: where the
+    model frees an offload, ``settle_delay``) a RELOAD may also start that long after an offload
+    of its stage ends: the model's conservative room; the simulator may time it earlier. A
+    solution that idles otherwise would be timed earlier there and could break the memory
     limit.
     """
     lanes = stage_lanes(problem)
@@ -82,6 +86,14 @@ def tight_options(
                 if a[0] == "OFFLOAD" and a[1] == s and a[1:] != key[1:] and near(a, key)
             ]
         opts.extend((a, 0) for a in dict.fromkeys(cands) if a not in seen)
+        if key[0] == "RELOAD" and settle:
+            # where the model frees an offload (``settle_delay`` after its copy): a reload
+            # that waits for that room starts there (the simulator may start it earlier)
+            opts.extend(
+                (a, settle[s])
+                for a in xfers.get(lanes[s][0], [])
+                if a[0] == "OFFLOAD" and a[1] == s and a[1:] != key[1:] and near(a, key)
+            )
         if key[0] == "F" and dur is not None:
             opts.extend(
                 (a, 0)

@@ -54,9 +54,8 @@ def _run(
 @pytest.mark.xfail(
     strict=True,
     reason="issue 34: the optimum 44 was proven when an offload's bytes left at its copy's end; "
-    "under settle points the list rules give 50 and CP-SAT's exact settle model found nothing "
-    "better (fixed then whole, 40 deterministic s; whole tight model 150 s; relaxation 60 s, "
-    "bound 27): whether 44, or anything under 50, is reachable is not established",
+    "CP-SAT's conservative settle-point memory (cpsat.settle_delay) finds no schedule under the "
+    "list rules' 50 s horizon in 1.5 s here",
 )
 def test_fixed_offload_decisions_find_the_optimum_the_whole_model_misses() -> None:
     # 4x8x1, a quarter of 1F1B's memory, copies 0.5x: the round-trip rule's 47 offloads every

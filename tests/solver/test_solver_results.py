@@ -44,8 +44,7 @@ def test_known_optima_of_the_measured_prototype() -> None:
     """4x8, memory of 2 activations: 41 without offload, 27 unlimited (proven); with offload 28
     was the optimum while an offload's bytes left at its copy's end. Under the settle-point rule
     (DESIGN: they leave at the next compute action's start) the solver finds 28.5 and the bound
-    stays 28 (CP-SAT's settle model is exact, ``solver/settle.py``, but proves nothing over 28
-    in this budget)."""
+    stays 28 (CP-SAT's model of the rule is conservative, so it does not prove 28.5)."""
     budget = {"time_limit": UNBOUNDED_SECONDS, "deterministic_time": 30.0, "workers": 1}
     r_off = solve(_pb(4, 8), seed=0, use_baselines=False, **budget)
     r_no = solve(_pb(4, 8, offload=False), use_baselines=False, **budget)
