@@ -100,18 +100,17 @@ def time_ops(
     # the timed transfers' memory events (time, cumulative delta, is-offload) in list order,
     # which is also time order since a stage's transfers run one at a time in list order
     # (a stage without transfers has no offload to wait for: its F's never wait)
+    lims = pb.memory_limits() if limits is None else limits
     cap = [
         None
         if lim is None or not memory_wait or not (xfer_q[2 * s] or xfer_q[2 * s + 1])
         else lim * (1 + MEMORY_TOLERANCE) + 1e-6
-        for s, lim in enumerate(pb.memory_limits() if limits is None else limits)
+        for s, lim in enumerate(lims)
     ]
     # the over-limit certificate's thresholds (``sim_overlimit``; without the memory wait only)
     chk: list[float | None] = [None] * p
     if certify and not memory_wait:
-        cert = certificate_tables(
-            pb, ops, pb.memory_limits() if limits is None else limits, [bool(q) for q in xfer_q]
-        )
+        cert = certificate_tables(pb, ops, lims, [bool(q) for q in xfer_q])
         chk = cert.threshold
     track = [c is not None or k is not None for c, k in zip(cap, chk, strict=True)]
     if any(track):
