@@ -165,3 +165,26 @@ def test_the_first_stage_gets_the_batch_itself_when_the_inputs_are_its_pieces() 
     ):
         (got,) = _joined([(p,) for p in parts], cpu)
         assert got is not x and torch.equal(got, torch.cat(parts))
+
+
+def test_split_batch_cuts_each_tensor_once() -> None:
+    """A batch tensor is cut once per step, not once per microbatch (issue 34.3: 8
+    microbatches cut it 8 times, ~0.3 ms a step before the first stage can start)."""
+    from unittest import mock
+
+    x, y = torch.randn(16, 3), torch.randn(16)
+    real = torch.Tensor.tensor_split
+    calls: list[int] = []
+
+    def cut(t: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(t, *a, **kw)
+
+    with mock.patch.object(torch.Tensor, "tensor_split", cut):
+        mbs = split_batch({"x": x, "y": [y, torch.tensor(2.0)]}, 8)
+    assert len(calls) == 2
+    for i, mb in enumerate(mbs):
+        assert torch.equal(mb["x"], x[2 * i : 2 * i + 2]) and torch.equal(
+            mb["y"][0], y[2 * i : 2 * i + 2]
+        )
+        assert mb["y"][1].item() == 2.0
