@@ -344,6 +344,13 @@ def optpipe_child(args: argparse.Namespace) -> None:
         return out
 
     OptPipeStrategy.backward = backward  # type: ignore[method-assign]
+    strategy_training_step = OptPipeStrategy.training_step
+
+    def training_step(self: Any, *a: Any, **k: Any) -> Any:
+        marks["step_start"] = time.perf_counter()  # Lightning's loop ends, the strategy's begins
+        return strategy_training_step(self, *a, **k)
+
+    OptPipeStrategy.training_step = training_step  # type: ignore[method-assign]
 
     class OneBatch(Dataset):
         """The same batch every step, no collation (torch's loop reuses one tensor too)."""
@@ -752,16 +759,18 @@ def summarize_paired(run: dict[str, Any], skip: int) -> dict[str, Any]:
 
 def step_phases(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
     """Where a rank's strategy step goes besides the pipeline (medians, seconds): from torch's
-    step before it to the pipeline's start (Lightning's loop, the step's inputs), from the
+    step before it to the strategy's ``training_step`` (Lightning's loop), from there to the
+    pipeline's start (the step's inputs, the gradient hand-over), from the
     pipeline's end to the loss hand-out's end (the wait for the last stage's loss), and from
     there to the end of the step less the optimizer update (Lightning's closure and hooks)."""
-    keys = ("pipeline_start", "pipeline_end", "loss_end", "end")
+    keys = ("step_start", "pipeline_start", "pipeline_end", "loss_end", "end")
     js = [j for j in range(max(1, skip), len(rows)) if all(k in rows[j] for k in keys)]
     if not js:
         return {}
     med = statistics.median
     return {
-        "before": med(rows[j]["pipeline_start"] - rows[j - 1]["resume"] for j in js),
+        "before (Lightning)": med(rows[j]["step_start"] - rows[j - 1]["resume"] for j in js),
+        "before (strategy)": med(rows[j]["pipeline_start"] - rows[j]["step_start"] for j in js),
         "handout": med(rows[j]["loss_end"] - rows[j]["pipeline_end"] for j in js),
         "after": med(rows[j]["end"] - rows[j]["loss_end"] - rows[j]["optimizer"] for j in js),
     }
