@@ -5,11 +5,13 @@ PipeOffload's orders (``schedule.baselines._gis_order``) interleave microbatches
 The sizes between, 2 to ``ceil(p/2) - 1``, build too and hold memory between the two ends: on
 the 16-stage bench_peer problem at 25% of 1F1B's memory, ``g = 4`` with two chunks offloaded fits
 at 32.08 s where the published family's best (``g = 1``) gives 33.19 s. This module tries them,
-each with the published copy grid (``_offload_grid``: both rules, 1 to v offloaded chunks) and,
-once every order's grid is tried, with AdaOffload's excess-only offload
-(``_listsched.offload_to_fit``; that one also on the published sizes other than the two
-AdaOffload starts from), fastest base order first in each pass, skipping an order already
-slower than the incumbent (offload only delays). Every schedule is timed by the one simulator.
+each with the published copy grid (``_offload_grid``: 1 to v offloaded chunks, the lazy rule
+over every order, then the fit rule: ``grid_members``) and, once every order's grid is tried,
+with AdaOffload's excess-only offload (``_listsched.offload_to_fit``, ``excess_members``; that
+one also on the published sizes other than the two AdaOffload starts from), fastest base order
+first in each pass, skipping an order already slower than the incumbent (offload only delays).
+The solve runs the unequal final groups between the two passes (``phases._run_search``). Every
+schedule is timed by the one simulator.
 """
 
 from __future__ import annotations

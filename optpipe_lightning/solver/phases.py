@@ -4,10 +4,11 @@ Pipeline (``solve`` has checked the memory limit, a clear error below what any s
 and offered the user's hint and candidates): run the offload-aware list schedulers, a local
 search over their parameters from the best ones (``rule_search``), the offload repair and the
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
-search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
-its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
-forwards; ``final_groups``: unequal group sizes, no short last group, filled in turn; then
-``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes with its copy
+grid; ``final_groups``: unequal group sizes, no short last group; the unpublished sizes with the
+excess-only offload; ``order_search``: its warm-up depth and W delay; ``warmup_fill``: the
+warm-up's latency gaps filled with later forwards, the best and the best before the unequal
+groups; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family); where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
@@ -93,6 +94,8 @@ LNS_SHARE = 0.5
 SEARCH_SHARE = 0.4
 # the rule search runs only where the best list rule is within this of the incumbent
 RULE_SEARCH_REACH = 0.05
+# (0.65 left the unequal final groups 1.9 s of the 5.4 s they need at 32 stages, while the LNS
+# after it took 3.8 s without gain: h6144-s32k-p32-m64-25% at compare --time-limit 60)
 SEARCH_SHARE_FAMILY = 0.85
 # of the search's window, the order knobs (after the group sizes) end by this share: the warm-up
 # fill or the unequal final groups after them are part of the best on 10 of bench_peer's 15
@@ -404,6 +407,7 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
     orders_until, until = search_deadlines(time.perf_counter(), budget.left(), family)
     det = args.deterministic_time is not None
     grouped: Schedule | None = None
+    plain: tuple[Schedule, str] | None = None  # the best before the unequal groups
     if family:
         with budget.phase("search: group sizes"):
             found = gis_search.bases(problem, until) or []
@@ -411,6 +415,8 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
                 best.offer(sched, f"search:g={sched.params['group_size']}")
         if not args.stopped() and time.perf_counter() < until:
             with budget.phase("search: final groups"):
+                if best.schedule is not None:
+                    plain = (best.schedule, best.source)
                 groups_until = groups_deadline(time.perf_counter(), until)
                 for sched in final_groups.members(
                     problem,
@@ -451,11 +457,17 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             )
 
     with budget.phase("search: warm-up fill"):
-        filled_groups = best.source == "search:groups"
+        # the best filled, then the other of the unequal groups' best and the best before them
+        # (either may fill better: h6144-s16k-p16-m32-50%, groups 28.62 filled 28.478, the
+        # pipeoffload baseline 28.68 filled 28.462)
+        other: tuple[Schedule, str] | None = None
+        if grouped is not None and best.source != "search:groups":
+            other = (grouped, "search:groups")
+        elif grouped is not None and plain is not None:
+            other = plain
         fill(best.schedule, best.source)
-        if grouped is not None and not filled_groups and time.perf_counter() < until:
-            # the unequal groups' best, beaten by another order, may still fill better
-            fill(grouped, "search:groups")
+        if other is not None and time.perf_counter() < until:
+            fill(*other)
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     source = best.source
