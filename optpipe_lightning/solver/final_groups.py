@@ -9,11 +9,12 @@ group's backwards, each round waiting for the first of them to come back round t
 building block of ``g_q`` (``k = ceil(g_min / g_q)``), placed right after the one before, so a
 short group is compact, and the sizes can be balanced (32 as 7, 7, 6, 6, 6: no group holds more
 than ``g``, the drain runs a group of 6). For each ``g`` from ``g_min`` to ``p``, a few size lists
-(balanced largest first or last, the full groups with the remainder last or first); each order is
-timed without the memory limit, the fastest first, and then fitted with PipeOffload's copy grid
-planned on the order's own timeline (``_offload_grid.place_copies``: both rules, fewest offloaded
-chunks first), every candidate judged by the one simulator; those that fit and beat the incumbent
-are yielded.
+(balanced largest first or last, the full groups with the remainder last or first), each list
+once (``candidate_lists``); each order is timed without the memory limit, the fastest first, and
+then fitted with PipeOffload's copy grid planned on the order's own timeline
+(``_offload_grid.place_copies``: the lazy rule over every order, then the fit rule, fewest
+offloaded chunks first), every candidate judged by the one simulator; those that fit and beat
+the incumbent are yielded.
 """
 
 from __future__ import annotations
