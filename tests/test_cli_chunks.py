@@ -197,7 +197,9 @@ def test_a_rechunked_schedule_goes_through_the_database(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["db", "list", "schedules", "--json", "--db", url2])
     rows = json.loads(res.stdout)["schedules"]
-    assert len(rows) == 1 and rows[0]["feasible"]
+    # the solver's schedule, and on a slow machine an incumbent stored on the way (solve --db
+    # stores the newest incumbent every second): each re-checks against its own problem
+    assert rows and all(r["feasible"] for r in rows)
     res = runner.invoke(app, ["db", "show", "schedule", str(rows[0]["id"]), "--db", url2])
     stored = Schedule.model_validate(json.loads(res.stdout))
     assert stored.problem is not None and stored.problem.hash == stored.problem_hash
