@@ -6,14 +6,27 @@ each copy where their rule says. This search starts from the best schedule found
 baseline) and changes it where that pays, each change kept only when the simulator times the
 whole schedule faster (or as fast with less work left waiting: ``_key``) within the memory limit:
 
-1. Per-stage offload counts (coarse, first): drop every offload of one chunk on one stage, last
-   stages and last chunks first (they hold the fewest activations, and a copy they do not make
-   frees the copy lane they share with their neighbour); kept when it is no slower and fits.
-2. Neighbourhoods (then, random, seeded): drop one activation's offload; issue one RELOAD earlier
-   or later (one to three compute ops), or one OFFLOAD later; add an offload to an activation not
-   offloaded (OFFLOAD right after its F, RELOAD two compute ops before its B); swap two adjacent
-   compute ops of a stage (orders around the shared copy lanes). Moves on the stage that ends
-   last (the one the makespan waits on) and its neighbours are drawn more often.
+1. Moves aimed at the makespan's critical chain (``CRITICAL_SHARE`` of the candidates; the
+   chain from the simulator's timeline: ``action_moves.critical_chain``): ``defer`` moves one to
+   three compute ops (mostly W's) of a run of the chain on one stage past the run's end, so the
+   run no longer waits for them; ``advance`` moves the op behind one of the chain's waits (a
+   dependency on another stage, a reload, the offload a forward waited for, a transfer ahead on
+   the copy lane) one to three compute ops earlier. Kept when no slower (``PLATEAU``): where two
+   chains are tied, the first move times the same and the second gains. On bench_peer's
+   problems 2, 7 and 9 these found nearly every gain from the starts ``solve`` hands the search, where
+   the moves below had stopped at local optima (issue 32, BENCHMARKS.md).
+2. Single moves (the rest, random, seeded): drop every offload of one chunk on one stage (the
+   per-stage offload counts; kept when no slower); drop one activation's offload; issue one
+   RELOAD earlier or later (one to three compute ops), or one OFFLOAD later; add an offload to
+   an activation not offloaded (OFFLOAD right after its F, RELOAD two compute ops before its
+   B); swap two adjacent compute ops of a stage (orders around the shared copy lanes). Moves on
+   the stage that ends last (the one the makespan waits on) and its neighbours are drawn more
+   often.
+
+Measured and not kept (issue 32): an iterated local search (from the best, a kick of two to
+four random moves, the neighbourhoods until 100 candidates in a row changed nothing, the best
+kept) and swapping which microbatch of a chunk a stage offloads: neither found a gain on
+problems 2 and 7 at the same number of candidates (two seeds each).
 
 Every candidate is a whole schedule simulated from scratch, so the search is cheap to trust and
 slow to converge: it runs until its deadline and reports each improvement as it finds it. Almost
