@@ -254,8 +254,12 @@ def defer(rows: Rows, chain: Chain, rng: random.Random) -> Rows | None:
 def advance(rows: Rows, chain: Chain, rng: random.Random) -> Rows | None:
     """The op behind one of the chain's waits (``Chain.links``: a dependency on another stage,
     a reload, the offload a forward waited for, a transfer ahead on the lane) moved one to
-    three compute ops earlier on its stage."""
+    three compute ops earlier on its stage; where it is a copy, half the time that activation's
+    offload dropped instead (the wait goes with it, if the memory allows)."""
     if not chain.links:
         return None
     s, i = rng.choice(chain.links)
+    a = rows[s][i]
+    if not a.is_compute and rng.random() < 0.5:
+        return drop(rows, s, {(a.mb, a.chunk)})
     return move(rows, s, i, -rng.choice((1, 1, 2, 3)))

@@ -6,22 +6,25 @@ each copy where their rule says. This search starts from the best schedule found
 baseline) and changes it where that pays, each change kept only when the simulator times the
 whole schedule faster (or as fast with less work left waiting: ``_key``) within the memory limit:
 
-1. Moves aimed at the makespan's critical chain (``CRITICAL_SHARE`` of the candidates; the
+1. Per-stage offload counts (coarse, first): drop every offload of one stage, last stages
+   first (they hold the fewest activations, and a copy they do not make frees the copy lane
+   they share with their neighbour); kept when it is no slower and fits.
+2. Moves aimed at the makespan's critical chain (``CRITICAL_SHARE`` of the candidates then; the
    chain from the simulator's timeline: ``action_moves.critical_chain``): ``defer`` moves one to
    three compute ops (mostly W's) of a run of the chain on one stage past the run's end, so the
    run no longer waits for them; ``advance`` moves the op behind one of the chain's waits (a
    dependency on another stage, a reload, the offload a forward waited for, a transfer ahead on
-   the copy lane) one to three compute ops earlier. Kept when no slower (``PLATEAU``): where two
-   chains are tied, the first move times the same and the second gains. On bench_peer's
-   problems 2, 7 and 9 these found nearly every gain from the starts ``solve`` hands the search, where
-   the moves below had stopped at local optima (issue 32, BENCHMARKS.md).
-2. Single moves (the rest, random, seeded): drop every offload of one chunk on one stage (the
-   per-stage offload counts; kept when no slower); drop one activation's offload; issue one
-   RELOAD earlier or later (one to three compute ops), or one OFFLOAD later; add an offload to
-   an activation not offloaded (OFFLOAD right after its F, RELOAD two compute ops before its
-   B); swap two adjacent compute ops of a stage (orders around the shared copy lanes). Moves on
-   the stage that ends last (the one the makespan waits on) and its neighbours are drawn more
-   often.
+   the copy lane) one to three compute ops earlier, or drops that copy's offload. Kept when no
+   slower (``PLATEAU``): where two chains are tied, the first move times the same and the
+   second gains. On bench_peer's problems 2, 7 and 9 these found nearly every gain from the
+   starts ``solve`` hands the search, where the single moves had stopped at local optima
+   (issue 32, BENCHMARKS.md).
+3. Single moves (the rest, random, seeded): drop every offload of one chunk on one stage (kept
+   when no slower); drop one activation's offload; issue one RELOAD earlier or later (one to
+   three compute ops), or one OFFLOAD later; add an offload to an activation not offloaded
+   (OFFLOAD right after its F, RELOAD two compute ops before its B); swap two adjacent compute
+   ops of a stage (orders around the shared copy lanes). Moves on the stage that ends last (the
+   one the makespan waits on) and its neighbours are drawn more often.
 
 Measured and not kept (issue 32): an iterated local search (from the best, a kick of two to
 four random moves, the neighbourhoods until 100 candidates in a row changed nothing, the best
@@ -31,7 +34,7 @@ problems 2 and 7 at the same number of candidates (two seeds each).
 Every candidate is a whole schedule simulated from scratch, so the search is cheap to trust and
 slow to converge: it runs until its deadline and reports each improvement as it finds it. Almost
 no candidate here fits without the simulator's memory wait, and the simulator stops that first
-timing as soon as it is certainly over the limit (``schedule.sim_overlimit``): 20-25 candidates
+timing as soon as it is certainly over the limit (``schedule.sim_overlimit``): 20-30 candidates
 per second at 16 stages x 32 microbatches x 4 chunks (12-15 before), 5.4 at 32 x 64 x 4 (4.0),
 on a loaded 2-core machine; ``solve`` reports its count in ``params["candidates"]``.
 """
@@ -60,7 +63,7 @@ _REL = 1e-9
 PATIENCE = 600
 # the share of the neighbourhoods' candidates that aim at the critical chain (``defer``,
 # ``advance``)
-CRITICAL_SHARE = 0.8
+CRITICAL_SHARE = 0.9
 # the critical moves are kept when no slower (a run tied with another chain shortens only when
 # both do: the first of two such moves times the same)
 PLATEAU = True
@@ -135,6 +138,15 @@ class _Search:
         if faster:
             self.on_better(cand, res)
         return True
+
+    def offload_counts(self) -> None:
+        """The coarse first step (module doc): per stage, last first, drop all its offloads."""
+        for s in reversed(range(self.pb.num_stages)):
+            if not self.keep_going():
+                return
+            keys = {(a.mb, a.chunk) for a in self.rows[s] if a.op == "OFFLOAD"}
+            if keys:
+                self._try(_drop(self.rows, s, keys), plateau=True)
 
     def _stage(self) -> int:
         """A stage to change: half the time the one that ends last or a neighbour of it."""
@@ -218,5 +230,6 @@ def improve(
         return deadline is None or time.perf_counter() < deadline
 
     search = _Search(problem, rows, res, on_better or (lambda r, x: None), keep_going, seed)
+    search.offload_counts()
     search.neighbours(patience)
     return search.rows, search.res, search.tried
