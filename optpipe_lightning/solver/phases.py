@@ -4,10 +4,11 @@ Pipeline (``solve`` has checked the memory limit, a clear error below what any s
 and offered the user's hint and candidates): run the offload-aware list schedulers, a local
 search over their parameters from the best ones (``rule_search``), the offload repair and the
 baselines (``candidates``; a baseline the caller gave as a candidate is not run again); the
-search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes; ``order_search``:
-its warm-up depth and W delay; ``warmup_fill``: the warm-up's latency gaps filled with later
-forwards; ``final_groups``: unequal group sizes, no short last group, filled in turn; then
-``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
+search beyond the rules (``gis_search``: PipeOffload's unpublished group sizes with its copy
+grid; ``final_groups``: unequal group sizes, no short last group; the unpublished sizes with the
+excess-only offload; ``order_search``: its warm-up depth and W delay; ``warmup_fill``: the
+warm-up's latency gaps filled with later forwards, the best and the best before the unequal
+groups; then ``action_search``: a local search over the best schedule's action lists) for ``SEARCH_SHARE`` of
 the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family); where copies are as
 slow as compute or slower, search periodic patterns (``periodic``: K microbatches every T, the steady
 state that the list rules' waves miss) until ``PERIODIC_SHARE`` of the limit; where a fused
@@ -93,12 +94,17 @@ LNS_SHARE = 0.5
 SEARCH_SHARE = 0.4
 # the rule search runs only where the best list rule is within this of the incumbent
 RULE_SEARCH_REACH = 0.05
-SEARCH_SHARE_FAMILY = 0.65
+# (0.65 left the unequal final groups 1.9 s of the 5.4 s they need at 32 stages, while the LNS
+# after it took 3.8 s without gain: h6144-s32k-p32-m64-25% at compare --time-limit 60)
+SEARCH_SHARE_FAMILY = 0.85
 # of the search's window, the order knobs (after the group sizes) end by this share: the warm-up
 # fill or the unequal final groups after them are part of the best on 10 of bench_peer's 15
 # problems (BENCHMARKS.md), the order knobs on none, and a first-come share let the knobs take them (compare --time-limit 60
 # on h4096-s8k-p8-m32-50%: order knobs 7.7 s, final groups 0.66 s of the 3.4 s they need)
 ORDER_SHARE = 0.3
+# the unequal final groups (after the extra sizes' copy grids) end by this share of what is left
+# of the search's window (``groups_deadline``)
+GROUPS_SHARE = 0.5
 # with a deterministic time (no wall clock decides), the candidates the action search may try
 SEARCH_DETERMINISTIC_TRIES = 200
 # with a deterministic time (no wall clock decides), the windows the search may take
@@ -375,25 +381,57 @@ def search_deadlines(now: float, left: float, family: bool) -> tuple[float, floa
     return now + ORDER_SHARE * window, now + window
 
 
+def groups_deadline(now: float, until: float) -> float:
+    """The end of the unequal final groups for a step starting at ``now`` in a search ending at
+    ``until``: ``GROUPS_SHARE`` of what is left, the rest for the excess-only offload, the warm-up
+    fill and the action search (at 32 stages every order fitted takes 0.7 s, and where none fits,
+    h8192-s8k-p32-m64-25%, the 28 faster than the incumbent would take 20 s)."""
+    return now + GROUPS_SHARE * max(0.0, until - now)
+
+
 def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) -> None:
-    """PipeOffload's family beyond its published group sizes (``gis_search``) and its other
-    order knobs (``order_search``: warm-up depth, W delay), then the warm-up's latency gaps
-    filled with later forwards (``warmup_fill``), then unequal group sizes (``final_groups``: no
-    short last group; the fastest filled in turn), then the local search over the best
-    schedule's action lists (``action_search``), for ``SEARCH_SHARE`` of
-    the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family, the order knobs within
-    ``ORDER_SHARE`` of it: ``search_deadlines``); each improvement is offered."""
+    """PipeOffload's family beyond its published group sizes (``gis_search``: the copy grid of
+    each extra size), then unequal group sizes (``final_groups``: no short last group, within
+    ``GROUPS_SHARE`` of what is left: ``groups_deadline``), then the extra sizes with the
+    excess-only offload and the other order knobs (``order_search``: warm-up depth, W delay,
+    within ``ORDER_SHARE`` of the window), then the warm-up's latency gaps filled with later
+    forwards (``warmup_fill``: the best, then the unequal groups' best if that is another), then
+    the local search over the best schedule's action lists (``action_search``), for
+    ``SEARCH_SHARE`` of the time left (``SEARCH_SHARE_FAMILY`` on PipeOffload's family:
+    ``search_deadlines``); each improvement is offered. The unequal groups come before the
+    steps that seldom pay (bench_peer's h6144-s32k-p32-m64-25%: 163.005 against 169.59 for
+    pipeoffload, where the excess-only offload gave 169.411 and the knobs nothing)."""
     from . import action_search, final_groups, gis_search, order_search, warmup_fill
 
     family = gis_search.applies(problem)
     orders_until, until = search_deadlines(time.perf_counter(), budget.left(), family)
+    det = args.deterministic_time is not None
+    grouped: Schedule | None = None
+    plain: tuple[Schedule, str] | None = None  # the best before the unequal groups
     if family:
         with budget.phase("search: group sizes"):
-            for sched in gis_search.extra_members(problem, best.makespan, until):
+            found = gis_search.bases(problem, until) or []
+            for sched in gis_search.grid_members(problem, found, best.makespan, until):
+                best.offer(sched, f"search:g={sched.params['group_size']}")
+        if not args.stopped() and time.perf_counter() < until:
+            with budget.phase("search: final groups"):
+                if best.schedule is not None:
+                    plain = (best.schedule, best.source)
+                groups_until = groups_deadline(time.perf_counter(), until)
+                for sched in final_groups.members(
+                    problem,
+                    best.makespan,
+                    None if det else groups_until,
+                    max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
+                ):
+                    grouped = sched
+                if grouped is not None:
+                    best.offer(grouped, "search:groups")
+        with budget.phase("search: group sizes"):
+            for sched in gis_search.excess_members(problem, found, best.makespan, until):
                 best.offer(sched, f"search:g={sched.params['group_size']}")
         with budget.phase("search: order knobs"):
             # deterministic: a count of simulations, not the clock, ends it
-            det = args.deterministic_time is not None
             for sched in order_search.members(
                 problem,
                 best.makespan,
@@ -403,8 +441,6 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
                 best.offer(sched, "search:order")
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
-    det = args.deterministic_time is not None
-    searched = best.makespan  # the incumbent the unequal groups must beat before their fill
 
     def fill(sched: Schedule, source: str) -> None:
         found = warmup_fill.best_fill(
@@ -421,21 +457,17 @@ def _run_search(problem: Problem, best: Best, budget: Budget, args: SearchArgs) 
             )
 
     with budget.phase("search: warm-up fill"):
+        # the best filled, then the other of the unequal groups' best and the best before them
+        # (either may fill better: h6144-s16k-p16-m32-50%, groups 28.62 filled 28.478, the
+        # pipeoffload baseline 28.68 filled 28.462)
+        other: tuple[Schedule, str] | None = None
+        if grouped is not None and best.source != "search:groups":
+            other = (grouped, "search:groups")
+        elif grouped is not None and plain is not None:
+            other = plain
         fill(best.schedule, best.source)
-    if gis_search.applies(problem) and time.perf_counter() < until:
-        # after the fill of the incumbent, each order filled in turn: the better of the two kept
-        with budget.phase("search: final groups"):
-            grouped = None
-            for sched in final_groups.members(
-                problem,
-                searched,
-                None if det else until,
-                max_tries=SEARCH_DETERMINISTIC_TRIES if det else None,
-            ):
-                grouped = sched
-            if grouped is not None:
-                best.offer(grouped, "search:groups")
-                fill(grouped, "search:groups")
+        if other is not None and time.perf_counter() < until:
+            fill(*other)
     if args.stopped() or best.schedule is None or time.perf_counter() >= until:
         return
     source = best.source

@@ -17,7 +17,8 @@ module named for it:
   microbatches and back;
 - ``step.py``: the training step around the pipeline (gradients handed to Lightning, replicas,
   clipping); ``checkpoint.py``: the whole model and optimizer state, collected;
-- ``model_state.py`` (this class's base): what each rank holds of the model -- built on the
+- ``collectives.py`` (this class's base): the collectives, refused inside a module step;
+- ``model_state.py`` (its base): what each rank holds of the model -- built on the
   meta device by ``configure_model``, each rank materialising only its own layers
   (``runtime/materialize.py``) -- and the checkpoints, sharded (``runtime/sharded_checkpoint.py``)
   or one file.
@@ -41,9 +42,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -74,15 +73,14 @@ from ..runtime.materialize import (
 from ..runtime.peer_errors import PeerWatch, end_for_peer
 from ..runtime.process_groups import PipelineComm, make_groups, release_step_groups
 from ..scheduling.scheduler import Scheduler
+from .collectives import StepCollectives
 from .launcher import CheckingLauncher
-from .model_state import CheckpointFormat, ModelStateStrategy
+from .model_state import CheckpointFormat
 from .module_steps import DEFAULT_STEPS, PipelineStepError
 from .precision import activation_dtype, agree_on_overflow, loss_scale
 from .private_api import (
-    _distributed_is_initialized,
     _get_default_process_group_backend_for_device,
     _init_dist_connection,
-    _sync_ddp_if_available,
 )
 from .sigterm_check import SigtermCheck, install, uninstall
 from .step import PipelinedSteps, clip_grad_norm_over_pipeline
@@ -92,7 +90,7 @@ __all__ = ["OptPipeConfigError", "OptPipeStrategy", "PipelineStepError"]
 log = logging.getLogger(__name__)
 
 
-class OptPipeStrategy(ModelStateStrategy):
+class OptPipeStrategy(StepCollectives):
     """Pipeline-parallel training over optpipe schedules (see docs/strategy.md).
 
     Args:
@@ -237,7 +235,6 @@ class OptPipeStrategy(ModelStateStrategy):
         self._steps: PipelinedSteps | None = None  # the step hooks' work, made in ``setup``
         self._installed: list[str] = []  # default steps put on the module (removed at teardown)
         self._sigterm: SigtermCheck | None = None  # Lightning's per-step check, unblocked
-        self._in_step = False  # a module step runs on this rank alone (no collectives)
         self._status: str | None = None  # how the trainer call ended, when not "finished"
         self._peers: PeerWatch | None = None  # the other ranks' errors (``peer_errors``)
 
@@ -521,9 +518,6 @@ class OptPipeStrategy(ModelStateStrategy):
         assert self.scheduler is not None and self._steps is not None
         return self.lightning_module, self.scheduler, self._steps
 
-    def _guard(self, on: bool) -> None:
-        self._in_step = on
-
     def on_train_end(self) -> None:
         """Every rank's module takes the whole trained model (each layer from its stage): the
         module left in the user's process after ``fit`` is the trained one, for every launcher.
@@ -546,43 +540,6 @@ class OptPipeStrategy(ModelStateStrategy):
             return
         value = trainer.callback_metrics.get("val_loss")
         self.scheduler.note_validation(None if value is None else float(value))
-
-    # ---- collectives -------------------------------------------------------------------------
-
-    def _refuse_in_step(self, what: str) -> None:
-        if self._in_step:
-            raise PipelineStepError(
-                f"a step called {what}, a collective: under OptPipeStrategy a step runs on the "
-                "last pipeline stage alone; log with self.log(..., sync_dist=True) instead"
-            )
-
-    def barrier(self, name: str | None = None) -> None:
-        self._refuse_in_step("barrier")
-        if _distributed_is_initialized():
-            if dist.get_backend() == "nccl":  # pragma: no cover - GPU only
-                dist.barrier(device_ids=[self.root_device.index])
-            else:
-                dist.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        self._refuse_in_step("broadcast")
-        if not _distributed_is_initialized():
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src, group=_group.WORLD)
-        return box[0]
-
-    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any | None = "mean") -> Any:
-        self._refuse_in_step("reduce")
-        if isinstance(tensor, Tensor):
-            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-        return tensor
-
-    def all_gather(
-        self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False
-    ) -> Tensor:
-        self._refuse_in_step("all_gather")
-        return super().all_gather(tensor, group, sync_grads)
 
     # ---- the end ----------------------------------------------------------------------------
 
