@@ -167,6 +167,7 @@ def critical_chain(problem: Problem, rows: Rows, timeline: Timeline) -> Chain:
     eps = 1e-9 * max(1.0, float(end.max()) if n else 1.0)
     x = int(np.argmax(end)) if n else -1
     path: list[tuple[int, str]] = []
+    seen = {x}
     while x >= 0:
         t = float(start[x])
         tight: list[tuple[int, int]] = []  # (order, op)
@@ -198,6 +199,10 @@ def critical_chain(problem: Problem, rows: Rows, timeline: Timeline) -> Chain:
             path.append((x, "start"))
             break
         _order, y = min(tight)
+        if y in seen:  # zero-length ops tied on a lane: the walk would go round
+            path.append((x, "start"))
+            break
+        seen.add(y)
         # a compute op of the same stage ends the run's previous op (its queue or its own
         # dependency): the run goes on
         same = is_c[y] and is_c[x] and stage[y] == stage[x]
