@@ -305,14 +305,21 @@ def optpipe_child(args: argparse.Namespace) -> None:
     backward_end = [0.0, 0.0]  # Lightning runs the step inside ``optimizer.step(closure)``
     cpu = time.process_time  # every thread of the process (gloo's too)
 
+    marks: dict[str, float] = {}  # the last pipeline step's start and end (perf_counter)
+
     def timed(fn: Any, key: str) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
             t0, c0 = time.perf_counter(), cpu()
             try:
                 return fn(*a, **k)
             finally:
-                acc[key] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                acc[key] += t1 - t0
                 acc[f"cpu_{key}"] += cpu() - c0
+                if key == "pipeline":
+                    marks.update(pipeline_start=t0, pipeline_end=t1)
+                else:
+                    marks[f"{key}_end"] = t1
 
         return wrapper
 
@@ -333,9 +340,17 @@ def optpipe_child(args: argparse.Namespace) -> None:
     def backward(self: Any, *a: Any, **k: Any) -> Any:
         out = strategy_backward(self, *a, **k)
         backward_end[:] = [time.perf_counter(), cpu()]
+        marks["backward_end"] = backward_end[0]
         return out
 
     OptPipeStrategy.backward = backward  # type: ignore[method-assign]
+    strategy_training_step = OptPipeStrategy.training_step
+
+    def training_step(self: Any, *a: Any, **k: Any) -> Any:
+        marks["step_start"] = time.perf_counter()  # Lightning's loop ends, the strategy's begins
+        return strategy_training_step(self, *a, **k)
+
+    OptPipeStrategy.training_step = training_step  # type: ignore[method-assign]
 
     class OneBatch(Dataset):
         """The same batch every step, no collation (torch's loop reuses one tensor too)."""
@@ -362,7 +377,8 @@ def optpipe_child(args: argparse.Namespace) -> None:
             opt = torch.optim.AdamW(self.parameters(), lr=1e-4)
 
             def after_update(*_: Any) -> None:  # the update: from the closure's end
-                acc["optimizer"] += time.perf_counter() - backward_end[0]
+                marks["optimizer_end"] = time.perf_counter()
+                acc["optimizer"] += marks["optimizer_end"] - backward_end[0]
                 acc["cpu_optimizer"] += cpu() - backward_end[1]
 
             opt.register_step_post_hook(after_update)
@@ -397,7 +413,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
             if prof is not None and len(steps) == args.skip:
                 prof.enable()
             sched = trainer.strategy.scheduler
-            row: dict[str, Any] = {"end": time.perf_counter(), "cpu_end": cpu(), **acc}
+            row: dict[str, Any] = {"end": time.perf_counter(), "cpu_end": cpu(), **acc, **marks}
             row["schedule"] = sched.engine.schedule.generator if sched and sched.engine else ""
             row["solving"] = bool(sched is not None and sched.resolve.active)
             steps.append(row)
@@ -416,6 +432,7 @@ def optpipe_child(args: argparse.Namespace) -> None:
                 if profiling:
                     native_prof.enable()
                 pipeline, optimizer, _, _ = native[0]()
+                row["native_pipeline_end"] = time.perf_counter() - optimizer
                 if profiling:
                     native_prof.disable()
                 row.update(
@@ -736,6 +753,26 @@ def summarize_paired(run: dict[str, Any], skip: int) -> dict[str, Any]:
         "n": len(pairs),
         "ratios": ratios,  # per step, for the pooled median and its interval (``report_paired``)
         "cpu_ratios": [p[2] / p[3] for p in pairs],
+        "phases": step_phases(rows, skip),
+    }
+
+
+def step_phases(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
+    """Where a rank's strategy step goes besides the pipeline (medians, seconds): from torch's
+    step before it to the strategy's ``training_step`` (Lightning's loop), from there to the
+    pipeline's start (the step's inputs, the gradient hand-over), from the
+    pipeline's end to the loss hand-out's end (the wait for the last stage's loss), and from
+    there to the end of the step less the optimizer update (Lightning's closure and hooks)."""
+    keys = ("step_start", "pipeline_start", "pipeline_end", "loss_end", "end")
+    js = [j for j in range(max(1, skip), len(rows)) if all(k in rows[j] for k in keys)]
+    if not js:
+        return {}
+    med = statistics.median
+    return {
+        "before (Lightning)": med(rows[j]["step_start"] - rows[j - 1]["resume"] for j in js),
+        "before (strategy)": med(rows[j]["pipeline_start"] - rows[j]["step_start"] for j in js),
+        "handout": med(rows[j]["loss_end"] - rows[j]["pipeline_end"] for j in js),
+        "after": med(rows[j]["end"] - rows[j]["loss_end"] - rows[j]["optimizer"] for j in js),
     }
 
 
@@ -924,7 +961,7 @@ def main() -> None:
     if args.pair:
         return run_pairs(args)
     if args.report:  # the tables again from a --json file (summaries recomputed)
-        saved = json.loads(Path(args.report).read_text())
+        saved = read_report(args.report)
         analysis = {k: getattr(args, k) for k in ("target", "level", "resamples")}
         args = argparse.Namespace(**{**vars(args), **saved["args"], **analysis})
         for run in saved["runs"]:
@@ -965,6 +1002,12 @@ def main() -> None:
                     f"{p['cpu_ratio']:.3f}  load {run['load']}",
                     flush=True,
                 )
+                if p["phases"]:
+                    print(
+                        "      rank 0 besides the pipeline and the update (ms): "
+                        + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in p["phases"].items()),
+                        flush=True,
+                    )
             elif sched != "optimal":
                 run["summary"] = summarize(run, args.skip)
                 s = run["summary"]
@@ -998,6 +1041,29 @@ def main() -> None:
         report(args, runs)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}))
+
+
+def read_report(path: str) -> dict[str, Any]:
+    """A ``--json`` file's records; one line naming the problem (no traceback) when it cannot
+    be read or is not one."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise SystemExit(
+            f"bench_vs_torch: cannot read --report {path}: {e.strerror or e}; give the file "
+            "a run wrote with --json"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(
+            f"bench_vs_torch: --report {path} is not JSON ({e}); give the file a run wrote "
+            "with --json"
+        ) from None
+    if not (isinstance(saved, dict) and isinstance(saved.get("args"), dict) and "runs" in saved):
+        raise SystemExit(
+            f"bench_vs_torch: --report {path} holds no runs (no 'args' and 'runs'); give the "
+            "file a run wrote with --json"
+        )
+    return saved
 
 
 def report_paired(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:

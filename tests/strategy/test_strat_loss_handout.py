@@ -2,7 +2,9 @@
 every rank gets what ``share`` would give, the loss bit for bit, whichever rank is the last
 stage; the last stage does not wait for the others when it sends the loss alone, or the loss
 and values logged under the names, options and dtypes of the last pickled hand-out; the same
-when the last stage started the hand-out inside the pipeline (``post_training``)."""
+when the last stage started the hand-out inside the pipeline (``post_training``), and when the
+other ranks posted their receive before the pipeline ran (``expect_training``: their hand-out
+then makes no blocking broadcast of its own, issue 34.3)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,16 @@ STEPS: list[tuple[list[float], bool | str, str | None]] = [
 ]
 
 
+MODES = (
+    (0, "plain"),
+    (1, "plain"),
+    (0, "posted"),
+    (1, "posted"),
+    (0, "expected"),
+    (1, "expected"),
+)
+
+
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
@@ -64,15 +76,29 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
             handout_group=dist.new_group(list(range(world))),
         )
         rows: list[Any] = []
+        blocking: list[Any] = []  # the hand-out group's broadcasts that wait, per mode
+        real_broadcast = dist.broadcast
+
+        def counted(tensor: Any, *a: Any, **kw: Any) -> Any:
+            if kw.get("group") is early.handout_group and not kw.get("async_op", False):
+                blocking[-1] += 1
+            return real_broadcast(tensor, *a, **kw)
+
+        dist.broadcast = counted  # type: ignore[assignment]
         # the last stage on rank 1 (1F1B) and on rank 0 (V-shape); then again with the hand-out
-        # started inside the pipeline (``post_training``, on a group of its own)
-        for last, posted in ((0, False), (1, False), (0, True), (1, True)):
-            comm = early if posted else plain
+        # started inside the pipeline (``post_training``, on a group of its own); then with the
+        # other ranks' receive also posted before the pipeline (``expect_training``)
+        for last, mode in MODES:
+            comm = early if mode != "plain" else plain
             layout = LogLayout()  # kept across steps, as the strategy keeps it
+            blocking.append(0)
             for losses, logs, error in STEPS:
                 kept: list[Any] = []
                 step = _step(losses, logs, error)
-                if posted:
+                if mode == "expected":
+                    step.expect_training(comm, last, torch.device("cpu"), layout)
+                    assert (step._expected is not None) == (rank != last)
+                if mode != "plain":
                     step.post_training(comm, last, torch.device("cpu"), layout)
                     assert (step._posted is not None) == (rank == last)
                 try:
@@ -88,9 +114,11 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
                     )
                 except PipelineStepError as e:
                     rows.append(("error", str(e), len(kept)))
+                assert step._expected is None  # taken by the hand-out
                 for work, _ in kept:
                     work.wait()
-        torch.save(rows, os.path.join(out, f"{rank}.pt"))
+        dist.broadcast = real_broadcast  # type: ignore[assignment]
+        torch.save((rows, blocking), os.path.join(out, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -103,13 +131,17 @@ def test_training_handout_matches_share_on_every_rank() -> None:
         mp.start_processes(
             _worker, args=(world, init, d), nprocs=world, join=True, start_method="fork"
         )
-        rows = [torch.load(os.path.join(d, f"{r}.pt")) for r in range(world)]
+        saved = [torch.load(os.path.join(d, f"{r}.pt")) for r in range(world)]
     mean = float(torch.stack([torch.tensor(v) for v in LOSSES]).double().mean())
     acc = ("acc", torch.float32, torch.tensor(ACC).item(), {"prog_bar": True})
     count = ("count", torch.int64, COUNT, {"reduce_fx": "sum"})
     n = len(STEPS)
-    for rank, mine in enumerate(rows):
-        for run, last in enumerate((0, 1, 0, 1)):
+    for rank, (mine, blocking) in enumerate(saved):
+        for run, (last, mode) in enumerate(MODES):
+            if mode == "posted":  # the others receive after their step: one wait each
+                assert blocking[run] == (0 if rank == last else n)
+            if mode == "expected":  # their receive was posted before: no wait of its own
+                assert blocking[run] == 0
             loss_only, empty, logged, failed, again, other, other_again, unlogged, plain = mine[
                 n * run : n * run + n
             ]

@@ -143,3 +143,48 @@ def test_schedule_messages_go_through_lightnings_rank_zero_logging(
     assert [r.getMessage() for r in caplog.records] == [
         "optpipe: step 3: schedule a -> b (profiled), predicted 1 ms per step"
     ]
+
+
+def test_the_first_stage_gets_the_batch_itself_when_the_inputs_are_its_pieces() -> None:
+    """The default step's inputs are ``split_batch``'s views of the batch: the engine gives
+    torch the batch back, not a copy joined from them (issue 34.3); anything else is joined."""
+    from optpipe_lightning.strategy.runtime.engine import _joined
+
+    cpu = torch.device("cpu")
+    x, y = torch.randn(8, 3), torch.arange(8)
+    mbs = split_batch((x, y), 4)
+    joined = _joined([tuple(mb) for mb in mbs], cpu)
+    assert joined[0] is x and joined[1] is y
+    # not the batch's pieces in order: a copy with the same values
+    for parts in (
+        [mb[0] for mb in mbs][::-1],
+        [mb[0] for mb in mbs][:3],
+        list(x[:, :2].tensor_split(4)),
+        list(torch.randn(3, 8).t().tensor_split(4)),
+        [t.clone() for t in x.tensor_split(4)],
+    ):
+        (got,) = _joined([(p,) for p in parts], cpu)
+        assert got is not x and torch.equal(got, torch.cat(parts))
+
+
+def test_split_batch_cuts_each_tensor_once() -> None:
+    """A batch tensor is cut once per step, not once per microbatch (issue 34.3: 8
+    microbatches cut it 8 times, ~0.3 ms a step before the first stage can start)."""
+    from unittest import mock
+
+    x, y = torch.randn(16, 3), torch.randn(16)
+    real = torch.Tensor.tensor_split
+    calls: list[int] = []
+
+    def cut(t: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(t, *a, **kw)
+
+    with mock.patch.object(torch.Tensor, "tensor_split", cut):
+        mbs = split_batch({"x": x, "y": [y, torch.tensor(2.0)]}, 8)
+    assert len(calls) == 2
+    for i, mb in enumerate(mbs):
+        assert torch.equal(mb["x"], x[2 * i : 2 * i + 2]) and torch.equal(
+            mb["y"][0], y[2 * i : 2 * i + 2]
+        )
+        assert mb["y"][1].item() == 2.0

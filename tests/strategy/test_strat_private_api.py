@@ -68,3 +68,32 @@ def test_the_torch_probe_names_a_missing_private(monkeypatch: pytest.MonkeyPatch
         match=r"lacks pipelining internals \['_add_send_recv'\]; install torch >= 2\.\d+, < 2\.16",
     ):
         torch_adapter._probe()
+
+
+def test_runtime_actions_are_annotated_only_while_a_profiler_records() -> None:
+    """torch's runtime wraps each action in ``record_function`` (~9 us with no profiler
+    running); our steps keep the annotation while a torch profiler records and skip it
+    otherwise (issue 34.3); torch's own name is back after every step."""
+    real = schedules.record_function
+    seen: list[bool] = []
+
+    class Runtime:  # calls the name as torch's runtime does, once per action
+        def step(self, *args: object, **kwargs: object) -> None:
+            for _ in range(3):
+                with schedules.record_function("PP:0F0") as ctx:
+                    seen.append(isinstance(ctx, torch.autograd.profiler.record_function))
+
+    torch_adapter.run_step(Runtime(), None, 2)
+    assert seen == [False] * 3 and schedules.record_function is real
+    with torch.profiler.profile() as prof:
+        torch_adapter.run_step(Runtime(), None, 2)
+    assert seen[3:] == [True] * 3 and schedules.record_function is real
+    assert sum(e.name == "PP:0F0" for e in prof.events()) == 3
+
+    class Failing:
+        def step(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        torch_adapter.run_step(Failing(), None, 2)
+    assert schedules.record_function is real

@@ -117,6 +117,8 @@ class PipelinedSteps:
             )
         engine = sched.engine
         assert engine is not None
+        # the other ranks' receive of the step's hand-out, posted now: it lands while they run
+        step.expect_training(self.comm, engine.last_rank, self.device, self.log_layout)
         params = engine.parameters  # once per step (a walk over the local modules)
         keep_local_optimizer_state(optimizers, params)
         accumulate = max(1, int(module.trainer.accumulate_grad_batches))

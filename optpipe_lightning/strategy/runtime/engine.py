@@ -510,10 +510,37 @@ class ForwardPipeline(_LossHook):
 
 
 def _joined(arg_mbs: Sequence[tuple[Any, ...]] | None, device: torch.device) -> tuple[Any, ...]:
-    """The microbatches' inputs as whole-batch tensors (torch cuts them again, equally)."""
+    """The microbatches' inputs as whole-batch tensors (torch cuts them again, equally).
+
+    Inputs that are the batch's own pieces in order (the default step's: ``split_batch``
+    cuts the batch into views) give the batch back without a copy (``_whole``)."""
     if not arg_mbs:
         raise ValueError("the first layer group's rank needs the microbatches' inputs")
-    return tuple(torch.cat([mb[i] for mb in arg_mbs]).to(device) for i in range(len(arg_mbs[0])))
+    out = []
+    for i in range(len(arg_mbs[0])):
+        parts = [mb[i] for mb in arg_mbs]
+        whole = _whole(parts)
+        out.append((whole if whole is not None else torch.cat(parts)).to(device))
+    return tuple(out)
+
+
+def _whole(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor ``parts`` are consecutive pieces of along dimension 0, covering it in order
+    (what ``torch.cat(parts)`` would copy), or None."""
+    base = parts[0]._base
+    if base is None or not base.is_contiguous() or base.ndim == 0:
+        return None
+    row = base[0].numel() * base.element_size() if base.shape[0] else 0
+    at = base.data_ptr()
+    for p in parts:
+        if p._base is not base or p.shape[1:] != base.shape[1:] or not p.is_contiguous():
+            return None
+        if p.data_ptr() != at:
+            return None
+        at += p.shape[0] * row
+    if at != base.data_ptr() + base.shape[0] * row:
+        return None
+    return base
 
 
 def _zero_loss(output: Any) -> torch.Tensor:

@@ -57,8 +57,17 @@ def split_batch(batch: Any, m: int) -> list[Any]:
                 "(drop_last=True in the DataLoader) or another num_microbatches"
             )
 
+    pieces: dict[int, tuple[Tensor, ...]] = {}  # each tensor cut once, not once per microbatch
+
     def part(i: int) -> Callable[[Tensor], Tensor]:
-        return lambda t: t.tensor_split(m)[i] if t.ndim >= 1 else t
+        def cut(t: Tensor) -> Tensor:
+            if t.ndim < 1:
+                return t
+            if id(t) not in pieces:
+                pieces[id(t)] = t.tensor_split(m)
+            return pieces[id(t)][i]
+
+        return cut
 
     return [apply_to_collection(batch, Tensor, part(i)) for i in range(m)]
 

@@ -169,12 +169,60 @@ _STEP_KW = (
 )
 
 
+class _Unrecorded:
+    """A context that does nothing (one instance serves every action)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_UNRECORDED = _Unrecorded()
+# torch's runtime wraps every action in ``record_function(name)`` (``schedules.py`` imports it
+# by name), ~9 us each even with no profiler running (~100 actions a step); its schedule
+# classes with a loop of their own (``Schedule1F1B``) do not. While our runtime steps, the
+# name points at ``_recorded_when_profiling``: the same annotation whenever a torch profiler
+# records, nothing otherwise.
+_RECORD_FUNCTION = getattr(_sch, "record_function", None)
+_profiler_enabled: Callable[[], bool] | None = getattr(torch.autograd, "_profiler_enabled", None)
+
+
+def _recorded_when_profiling(name: str, args: str | None = None) -> Any:
+    if _profiler_enabled is None or _profiler_enabled():
+        assert _RECORD_FUNCTION is not None
+        return _RECORD_FUNCTION(name, args)
+    return _UNRECORDED
+
+
+class _ProfilerAnnotations:
+    """While entered, torch's runtime annotates its actions only while a profiler records."""
+
+    def __enter__(self) -> None:
+        self._saved = getattr(_sch, "record_function", None)
+        if self._saved is _RECORD_FUNCTION and _RECORD_FUNCTION is not None:
+            _sch.record_function = _recorded_when_profiling
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is _RECORD_FUNCTION and _RECORD_FUNCTION is not None:
+            _sch.record_function = self._saved
+
+
+def annotations_when_profiling() -> _ProfilerAnnotations:
+    """``with annotations_when_profiling(): runtime.step(...)``: the step's ``PP:<action>``
+    annotations only while a torch profiler records (torch's own schedule classes, driven
+    outside it, keep theirs)."""
+    return _ProfilerAnnotations()
+
+
 def run_step(runtime: Any, args: tuple[torch.Tensor, ...] | None, num_microbatches: int) -> None:
     """One pipelined step. The first stage gives the batch's inputs (torch cuts them into
     microbatches along dimension 0); the targets are the microbatch indices (the loss hook finds
     each microbatch's own data by the output torch hands it)."""
     targets = torch.arange(num_microbatches)
-    runtime.step(*(args or ()), target=targets, **_STEP_KW)
+    with annotations_when_profiling():
+        runtime.step(*(args or ()), target=targets, **_STEP_KW)
 
 
 def make_forward_runtime(
@@ -201,7 +249,8 @@ def make_forward_runtime(
 
 def run_forward(runtime: Any, args: tuple[torch.Tensor, ...] | None, num_microbatches: int) -> None:
     """One forward-only pass of a ``make_forward_runtime`` runtime (no gradients kept)."""
-    runtime.eval(*(args or ()), target=torch.arange(num_microbatches))
+    with annotations_when_profiling():
+        runtime.eval(*(args or ()), target=torch.arange(num_microbatches))
 
 
 def is_view(t: torch.Tensor) -> bool:
