@@ -262,14 +262,13 @@ class _Log:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.current = "compute"
+        self.events = 0  # events made under this log (ev1, ev2, ... per test)
 
 
 class _FakeEvent:
-    n = 0
-
     def __init__(self, log: _Log) -> None:
-        _FakeEvent.n += 1
-        self.name = f"ev{_FakeEvent.n}"
+        log.events += 1
+        self.name = f"ev{log.events}"
         self.log = log
         self.recorded_on: str | None = None
 
