@@ -4,6 +4,7 @@ groups): bench_peer's family at a small size, and what every searched order must
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -27,6 +28,25 @@ def gpt_problem(
     res = runner.invoke(app, ["problem", *args.split(), "--out", str(path)])
     assert res.exit_code == 0, res.output
     return Problem.model_validate_json(path.read_text())
+
+
+def deterministic_solve(pb: Problem, **kw: Any) -> Any:
+    """``solve`` on the heuristic backend with a deterministic budget (1 deterministic second,
+    seed 0, one worker, no LNS) at the problem's own chunking; ``kw`` adds or overrides."""
+    from solver_budget import UNBOUNDED_SECONDS
+
+    from optpipe_lightning.solver import solve
+
+    args: dict[str, Any] = {
+        "backend": "heuristic",
+        "time_limit": UNBOUNDED_SECONDS,
+        "deterministic_time": 1.0,
+        "seed": 0,
+        "workers": 1,
+        "lns": False,
+        "chunkings": [(pb.num_chunks, pb.placement)],
+    }
+    return solve(pb, **{**args, **kw})
 
 
 def check_rows(pb: Problem, rows: list[list]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from search_problems import check_rows, gpt_problem
+from search_problems import check_rows, deterministic_solve, gpt_problem
 
 from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -69,23 +69,11 @@ def test_one_chunk_or_no_limit_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_unequal_groups_run_inside_solve(tmp_path: Path) -> None:
-    from solver_budget import UNBOUNDED_SECONDS
-
-    from optpipe_lightning.solver import Incumbent, solve
+    from optpipe_lightning.solver import Incumbent
 
     pb = gpt_problem(tmp_path, 4, 10, memory_microbatches=3)
     seen: list[Incumbent] = []
-    res = solve(
-        pb,
-        backend="heuristic",
-        time_limit=UNBOUNDED_SECONDS,
-        deterministic_time=1.0,
-        seed=0,
-        workers=1,
-        lns=False,
-        chunkings=[(pb.num_chunks, pb.placement)],
-        on_incumbent=seen.append,
-    )
+    res = deterministic_solve(pb, on_incumbent=seen.append)
     assert any(inc.source == "search:groups" for inc in seen), [i.source for i in seen]
     assert simulate(pb, res.schedule).makespan == pytest.approx(res.makespan)
     assert res.makespan < 1.7472  # the unequal groups (1.7471), or better

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from search_problems import gpt_problem
+from search_problems import deterministic_solve, gpt_problem
 
 from optpipe_lightning.schedule import Problem
 from optpipe_lightning.schedule.baselines import generate
@@ -82,9 +82,7 @@ def test_the_final_groups_get_half_of_what_is_left() -> None:
 
 def _traced_solve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The steps of a deterministic solve on a small family problem, in the order they ran."""
-    from solver_budget import UNBOUNDED_SECONDS
-
-    from optpipe_lightning.solver import order_search, solve, warmup_fill
+    from optpipe_lightning.solver import order_search, warmup_fill
 
     pb = gpt_problem(tmp_path, 4, 10, memory_microbatches=3)
     steps: list[str] = []
@@ -109,17 +107,7 @@ def _traced_solve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_fill(problem, rows, **k)
 
     monkeypatch.setattr(warmup_fill, "best_fill", fill_spy)
-    solve(
-        pb,
-        backend="heuristic",
-        time_limit=UNBOUNDED_SECONDS,
-        deterministic_time=1.0,
-        seed=0,
-        workers=1,
-        lns=False,
-        chunkings=[(pb.num_chunks, pb.placement)],
-        candidates=[generate("pipeoffload", pb)],
-    )
+    deterministic_solve(pb, candidates=[generate("pipeoffload", pb)])
     return steps
 
 

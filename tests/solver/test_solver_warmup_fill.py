@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from bench_problems import bench_problem
-from search_problems import check_rows, gpt_problem
+from search_problems import check_rows, deterministic_solve, gpt_problem
 
 from optpipe_lightning.schedule import simulate
 from optpipe_lightning.schedule.baselines import generate
@@ -64,23 +64,11 @@ def test_the_fill_leaves_one_chunk_and_no_gain_alone() -> None:
 
 
 def test_the_fill_runs_inside_solve(tmp_path: Path) -> None:
-    from solver_budget import UNBOUNDED_SECONDS
-
-    from optpipe_lightning.solver import Incumbent, solve
+    from optpipe_lightning.solver import Incumbent
 
     pb = gpt_problem(tmp_path)
     seen: list[Incumbent] = []
-    res = solve(
-        pb,
-        backend="heuristic",
-        time_limit=UNBOUNDED_SECONDS,
-        deterministic_time=1.0,
-        seed=0,
-        workers=1,
-        lns=False,
-        chunkings=[(pb.num_chunks, pb.placement)],
-        on_incumbent=seen.append,
-    )
+    res = deterministic_solve(pb, on_incumbent=seen.append)
     assert any(inc.source.startswith("search:fill:") for inc in seen), [i.source for i in seen]
     base = generate("pipeoffload", pb).evaluation
     assert base is not None and base.makespan is not None
