@@ -20,7 +20,7 @@ from optpipe_lightning.schedule import Problem, SimResult, simulate, simulator
 from optpipe_lightning.schedule.baselines import NotApplicable, generate
 from optpipe_lightning.schedule.schedule import Action
 from optpipe_lightning.schedule.simulator import _Simulator
-from optpipe_lightning.solver import action_search
+from optpipe_lightning.solver import action_moves
 
 Rows = list[list[Action]]
 
@@ -68,12 +68,12 @@ def _step(rng: random.Random, pb: Problem, rows: Rows) -> Rows | None:
     kind = rng.random()
     a = row[rng.randrange(len(row))]
     if kind < 0.35:
-        return action_search._move(rows, s, rng.randrange(len(row)), rng.choice((-3, -1, 1, 2)))
+        return action_moves.move(rows, s, rng.randrange(len(row)), rng.choice((-3, -1, 1, 2)))
     if kind < 0.5:
-        return action_search._drop(rows, s, {(a.mb, a.chunk)})
+        return action_moves.drop(rows, s, {(a.mb, a.chunk)})
     if kind < 0.65:
-        return action_search._add_offload(rows, s, a.mb, a.chunk)
-    return action_search._swap_compute(rows, s, rng.randrange(len(row)))
+        return action_moves.add_offload(rows, s, a.mb, a.chunk)
+    return action_moves.swap_compute(rows, s, rng.randrange(len(row)))
 
 
 def _starts(pb: Problem) -> list[Rows]:
@@ -85,7 +85,7 @@ def _starts(pb: Problem) -> list[Rows]:
     rows = [list(r) for r in out[-1]]
     for s in range(pb.num_stages):
         for a in [a for a in rows[s] if a.op == "F"]:
-            rows = action_search._add_offload(rows, s, a.mb, a.chunk) or rows
+            rows = action_moves.add_offload(rows, s, a.mb, a.chunk) or rows
     return [*out, rows]
 
 

@@ -49,11 +49,16 @@ from collections.abc import Callable, Sequence
 from ..schedule.problem import Problem
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import SimResult, simulate
-from .action_moves import Chain, advance, critical_chain, defer
-from .action_moves import add_offload as _add_offload
-from .action_moves import drop as _drop
-from .action_moves import move as _move
-from .action_moves import swap_compute as _swap_compute
+from .action_moves import (
+    Chain,
+    add_offload,
+    advance,
+    critical_chain,
+    defer,
+    drop,
+    move,
+    swap_compute,
+)
 
 Rows = list[list[Action]]
 Key = tuple[float, float]
@@ -146,7 +151,7 @@ class _Search:
                 return
             keys = {(a.mb, a.chunk) for a in self.rows[s] if a.op == "OFFLOAD"}
             if keys:
-                self._try(_drop(self.rows, s, keys), plateau=True)
+                self._try(drop(self.rows, s, keys), plateau=True)
 
     def _stage(self) -> int:
         """A stage to change: half the time the one that ends last or a neighbour of it."""
@@ -180,23 +185,23 @@ class _Search:
             if kind < 0.1 and copies:
                 c = row[rng.choice(copies)].chunk
                 keys = {(a.mb, a.chunk) for a in row if a.op == "OFFLOAD" and a.chunk == c}
-                self._try(_drop(self.rows, s, keys), plateau=True)
+                self._try(drop(self.rows, s, keys), plateau=True)
             elif kind < 0.25 and copies:
                 a = row[rng.choice(copies)]
-                self._try(_drop(self.rows, s, {(a.mb, a.chunk)}))
+                self._try(drop(self.rows, s, {(a.mb, a.chunk)}))
             elif kind < 0.5 and copies:
                 reloads = [i for i in copies if row[i].op == "RELOAD"] or copies
                 i = rng.choice(reloads)
                 steps = rng.choice((-3, -2, -1, -1, 1)) if row[i].op == "RELOAD" else 1
-                self._try(_move(self.rows, s, i, steps))
+                self._try(move(self.rows, s, i, steps))
             elif kind < 0.6:
                 offloaded = {(a.mb, a.chunk) for a in row if a.op == "OFFLOAD"}
                 fs = [a for a in row if a.op == "F" and (a.mb, a.chunk) not in offloaded]
                 if fs and self.pb.offload is not None:
                     a = rng.choice(fs)
-                    self._try(_add_offload(self.rows, s, a.mb, a.chunk))
+                    self._try(add_offload(self.rows, s, a.mb, a.chunk))
             else:
-                self._try(_swap_compute(self.rows, s, rng.randrange(len(row))))
+                self._try(swap_compute(self.rows, s, rng.randrange(len(row))))
 
 
 def improve(

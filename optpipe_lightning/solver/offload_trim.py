@@ -20,7 +20,7 @@ import time
 from ..schedule.baselines import make_schedule
 from ..schedule.schedule import Action, Schedule
 from ..schedule.simulator import simulate
-from .action_search import _drop
+from .action_moves import drop
 
 Rows = list[list[Action]]
 # the most simulations ``solve`` spends on it: every (stage, chunk) dropped whole, plus a few
@@ -62,7 +62,7 @@ def trim_offloads(
             size = len(todo)
             while todo and size >= 1 and more():
                 part = todo[-size:]
-                cand = _drop(rows, s, {(mb, c) for mb in part})
+                cand = drop(rows, s, {(mb, c) for mb in part})
                 if cand is not None and kept(cand):
                     rows, dropped = cand, dropped + len(part)
                     todo = todo[: len(todo) - len(part)]

@@ -16,7 +16,7 @@ from optpipe_lightning.cli import app
 from optpipe_lightning.schedule import Problem, simulate
 from optpipe_lightning.schedule.baselines import NotApplicable, generate
 from optpipe_lightning.schedule.baselines._gis_order import gis_order, group_sizes, min_group_size
-from optpipe_lightning.solver import action_search, gis_search, order_search
+from optpipe_lightning.solver import action_moves, action_search, gis_search, order_search
 
 runner = CliRunner()
 
@@ -24,7 +24,7 @@ runner = CliRunner()
 def _offload_everything(problem: Problem, rows: list[list]) -> list[list]:
     for s in range(problem.num_stages):
         for a in [a for a in rows[s] if a.op == "F"]:
-            rows = action_search._add_offload(rows, s, a.mb, a.chunk) or rows
+            rows = action_moves.add_offload(rows, s, a.mb, a.chunk) or rows
     return rows
 
 
